@@ -1,0 +1,27 @@
+# One command checks everything: `make test`. `make demo` runs the main range job.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint demo install clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lease tasks beat bench tests
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m tasks demo $(DEMO_ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info

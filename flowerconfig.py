@@ -1,0 +1,19 @@
+"""Flower's configuration file (read from the working directory by `celery -A tasks flower`).
+
+Flower never starts without basic auth: the credentials come from FLOWER_BASIC_AUTH
+(`user:password`, comma-separated for several users), never from the command line, so they do not
+show in `ps`. It listens on loopback unless FLOWER_ADDRESS says otherwise, because Flower's
+`/metrics` and `/healthcheck` endpoints bypass basic auth.
+"""
+
+import os
+
+_credentials = os.environ.get("FLOWER_BASIC_AUTH", "").strip()
+if ":" not in _credentials:
+    raise SystemExit(
+        "FLOWER_BASIC_AUTH must be set to user:password before starting Flower "
+        "(Flower is never started without authentication)"
+    )
+basic_auth = _credentials.split(",")
+address = os.environ.get("FLOWER_ADDRESS", "127.0.0.1")
+port = int(os.environ.get("FLOWER_PORT", "5555"))

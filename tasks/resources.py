@@ -1,0 +1,120 @@
+"""Per-process connections: one Redis client, one lease manager, one database engine.
+
+Each is created on first use and forgotten in a forked child (Celery's prefork pool), so a pool
+process never shares a socket with its parent and runs its own lease keeper.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import redis
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from lease import Leases
+from tasks.settings import Settings
+
+__all__ = ["Resources", "resources_for"]
+
+
+class Resources:
+    """Lazily created connections for one `Settings`, owned by one process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._redis: redis.Redis | None = None
+        self._leases: Leases | None = None
+        self._engine: Engine | None = None
+        self._sessions: sessionmaker[Session] | None = None
+
+    @property
+    def redis(self) -> redis.Redis:
+        with self._lock:
+            if self._redis is None:
+                self._redis = redis.Redis.from_url(
+                    self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
+                    health_check_interval=30,
+                )
+            return self._redis
+
+    @property
+    def leases(self) -> Leases:
+        client = self.redis
+        with self._lock:
+            if self._leases is None:
+                self._leases = Leases(client)
+            return self._leases
+
+    @property
+    def engine(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = make_engine(self.settings.database_url)
+            return self._engine
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        engine = self.engine
+        with self._lock:
+            if self._sessions is None:
+                self._sessions = sessionmaker(engine, expire_on_commit=False)
+            return self._sessions
+
+    def forget(self) -> None:
+        """Drop every connection without closing the parent's sockets (after a fork)."""
+        self._lock = threading.Lock()
+        if self._engine is not None:
+            self._engine.dispose(close=False)
+        self._redis = None
+        self._leases = None
+        self._engine = None
+        self._sessions = None
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine that behaves the same on SQLite, PostgreSQL and MariaDB."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
+            # Let SQLAlchemy, not the driver, decide where transactions begin (see below).
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin_immediate(conn: Any) -> None:
+            # A deferred transaction that reads, then writes after another writer committed,
+            # fails at once with SQLITE_BUSY; taking the write lock up front makes it wait,
+            # which gives SQLite the row-lock behaviour the fence guard relies on elsewhere.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_recycle=1800, **kwargs)
+
+
+_registry: dict[Settings, Resources] = {}
+
+
+def resources_for(settings: Settings) -> Resources:
+    """The process-wide `Resources` for `settings`."""
+    found = _registry.get(settings)
+    if found is None:
+        found = _registry.setdefault(settings, Resources(settings))
+    return found
+
+
+def _after_fork_in_child() -> None:
+    for res in _registry.values():
+        res.forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,259 @@
+"""Range jobs on real worker and beat processes: crashes, pauses, shutdowns, a lost Redis.
+
+Each test runs against a private redis-server (so FLUSHALL and kills touch nothing else) and one
+of the three databases, with a short lease TTL and a small table.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import Engine, func, select
+
+from tasks.models import CmData, WorkItem
+from tasks.models import PartitionStatus as S
+from tasks.seed import seed_cm_data
+from tests.support.redis_server import RedisServer
+from tests.support.workers import CELERY, Proc, celery_call, platform_env, start_worker
+
+pytestmark = pytest.mark.timeout(240)
+
+DATA = CmData.__table__
+WORK = WorkItem.__table__
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+class Platform:
+    """Worker and beat processes sharing one private Redis and one database."""
+
+    def __init__(self, engine: Engine, redis_server: RedisServer, **env: str) -> None:
+        self.engine = engine
+        self.redis_server = redis_server
+        self.env = platform_env(
+            REDIS_URL=redis_server.url, DATABASE_URL=engine.url.render_as_string(False),
+            LEASE_TTL="1.5", RECONCILE_INTERVAL="0.5", RANGE_SLICE="60",
+            CM_DATA_PARTITION_SIZE="5000", CM_DATA_BATCH_SIZE="200", CM_DATA_BATCH_DELAY="0",
+            CM_DATA_PARALLELISM="1",
+        )
+        self.env.update(env)
+        self.procs: list[Proc] = []
+
+    def worker(self, name: str) -> Proc:
+        proc = start_worker(self.env, 1, name)
+        self.procs.append(proc)
+        return proc
+
+    def beat(self, name: str = "beat") -> Proc:
+        proc = Proc([*CELERY_BEAT], self.env, name)
+        self.procs.append(proc)
+        return proc
+
+    def start_job(self) -> None:
+        sent = celery_call(self.env, "tasks.ranges.start", "--args", '["cm_data"]')
+        assert sent.returncode == 0, sent.stderr
+
+    def parts(self) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(WORK).order_by(WORK.c.part)).all())
+
+    def finished(self) -> bool:
+        parts = self.parts()
+        return bool(parts) and all(p.status in (S.DONE, S.EMPTY) for p in parts)
+
+    def wait_finished(self, timeout: float = 120) -> None:
+        wait_until(self.finished, timeout, f"all partitions finished: {self.parts()}")
+
+    def running_with_progress(self, batches: int = 2) -> Any:
+        for p in self.parts():
+            if p.status == S.RUNNING and p.next_id >= p.lo + batches * 200:
+                return p
+        return None
+
+    def assert_exactly_once(self, rows: int) -> None:
+        with self.engine.connect() as conn:
+            got = dict(conn.execute(select(DATA.c.processed_count, func.count())
+                                    .group_by(DATA.c.processed_count)).all())
+        assert got == {1: rows}, f"processed_count histogram {got}"
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+CELERY_BEAT = [*CELERY, "beat", "--loglevel=INFO"]
+
+
+@pytest.fixture
+def platform(engine: Engine, private_redis: RedisServer) -> Iterator[Callable[..., Platform]]:
+    made: list[Platform] = []
+
+    def make(**env: str) -> Platform:
+        found = Platform(engine, private_redis, **env)
+        made.append(found)
+        return found
+
+    yield make
+    for found in made:
+        found.stop()
+
+
+def test_a_job_over_100k_rows_finishes_exactly_once(engine: Engine,
+                                                    platform: Callable[..., Platform]) -> None:
+    seed_cm_data(engine, 100_000)
+    cluster = platform(CM_DATA_PARTITION_SIZE="25000", CM_DATA_BATCH_SIZE="1000")
+    cluster.worker("a")
+    cluster.worker("b")
+    cluster.beat()
+    cluster.start_job()
+    cluster.wait_finished(timeout=180)
+    cluster.assert_exactly_once(100_000)
+    parts = cluster.parts()
+    assert len(parts) == 4 and all(p.status == S.DONE for p in parts)
+    assert {p.owner for p in parts} == {None}
+    assert len({p.fence for p in parts}) >= 1 and all(p.fence >= 1 for p in parts)
+
+
+def test_kill_9_of_a_worker_resumes_its_partition_elsewhere(
+    engine: Engine, platform: Callable[..., Platform]
+) -> None:
+    seed_cm_data(engine, 10_000)
+    cluster = platform(CM_DATA_BATCH_DELAY="0.05")
+    doomed = cluster.worker("doomed")
+    cluster.beat()
+    cluster.start_job()
+    victim = wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    cluster.worker("survivor")
+    doomed.kill()  # SIGKILL of the worker and its pool process: no handler runs
+    cluster.wait_finished()
+    cluster.assert_exactly_once(10_000)
+    taken = next(p for p in cluster.parts() if p.part == victim.part)
+    assert taken.claims >= 2 and taken.fence > victim.fence
+
+
+def test_a_paused_worker_is_fenced_out_after_it_resumes(
+    engine: Engine, platform: Callable[..., Platform]
+) -> None:
+    seed_cm_data(engine, 10_000)
+    cluster = platform(CM_DATA_PARTITION_SIZE="10000", CM_DATA_BATCH_DELAY="0.05")
+    paused = cluster.worker("paused")
+    cluster.beat()
+    cluster.start_job()
+    before = wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    paused.signal(signal.SIGSTOP, group=True)
+    cluster.worker("taker")
+    checkpoints: list[int] = []
+
+    def taken_over() -> bool:
+        part = cluster.parts()[0]
+        checkpoints.append(part.next_id)
+        return part.fence > before.fence and part.next_id > checkpoints[0] + 400
+
+    wait_until(taken_over, 60, "the other worker to take the partition over")
+    paused.signal(signal.SIGCONT, group=True)
+    cluster.wait_finished()
+    checkpoints.append(cluster.parts()[0].next_id)
+    assert checkpoints == sorted(checkpoints), "a checkpoint moved backwards"
+    cluster.assert_exactly_once(10_000)
+    wait_until(lambda: "fenced out" in paused.output() or "lease lost" in paused.output(), 15,
+               "the paused worker to notice it lost the partition")
+
+
+def test_sigterm_hands_the_partition_over_without_waiting_for_the_ttl(
+    engine: Engine, platform: Callable[..., Platform]
+) -> None:
+    seed_cm_data(engine, 10_000)
+    cluster = platform(LEASE_TTL="30", CM_DATA_PARTITION_SIZE="10000",
+                       CM_DATA_BATCH_DELAY="0.05")
+    leaving = cluster.worker("leaving")
+    cluster.beat()
+    cluster.start_job()
+    before = wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    cluster.worker("staying")
+    stopped_at = time.monotonic()
+    leaving.signal(signal.SIGTERM)
+    wait_until(lambda: cluster.parts()[0].claims > before.claims, 20,
+               "the partition to be claimed again")
+    assert time.monotonic() - stopped_at < 15  # far below the 30 s lease TTL
+    assert leaving.popen.wait(30) == 0
+    cluster.wait_finished()
+    cluster.assert_exactly_once(10_000)
+
+
+def test_flushall_mid_run_still_finishes_exactly_once(
+    engine: Engine, platform: Callable[..., Platform]
+) -> None:
+    seed_cm_data(engine, 20_000)
+    cluster = platform(CM_DATA_BATCH_DELAY="0.02")
+    cluster.worker("a")
+    cluster.worker("b")
+    cluster.beat()
+    cluster.start_job()
+    wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    redis.Redis.from_url(cluster.redis_server.url).flushall()  # leases, fences, queued messages
+    cluster.wait_finished(timeout=150)
+    cluster.assert_exactly_once(20_000)
+
+
+def test_the_table_grows_during_a_run(engine: Engine,
+                                      platform: Callable[..., Platform]) -> None:
+    seed_cm_data(engine, 8_000)
+    cluster = platform(CM_DATA_BATCH_DELAY="0.02")
+    cluster.worker("a")
+    cluster.beat()
+    cluster.start_job()
+    wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    seed_cm_data(engine, 6_000)  # ids 8001..14000: part 1 grows, part 2 is new
+    cluster.wait_finished(timeout=120)
+    wait_until(lambda: len(cluster.parts()) == 3 and cluster.finished(), 30,
+               "the new partition to be planned and finished")
+    cluster.assert_exactly_once(14_000)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tasks.ranges.start", "--args", '["no_such_job"]'], "unknown range job 'no_such_job'"),
+        (["tasks.ranges.start", "--args", "[42]"], "job must be a string"),
+        (["tasks.ranges.run_partition", "--args", '["cm_data", -1]'], "partition must be >= 0"),
+        (["tasks.ranges.run_partition", "--args", '["cm_data", "3"]'],
+         "partition must be an integer"),
+        (["tasks.ranges.run_partition", "--args", '["cm_data", 7]'], "no partition 7"),
+        (["tasks.ranges.run_partition", "--args", '["cm_data"]'], "missing 1 required"),
+    ],
+)
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
+def test_bad_input_is_rejected_with_a_clear_error_and_changes_nothing(
+    engine: Engine, platform: Callable[..., Platform], args: list[str], message: str
+) -> None:
+    seed_cm_data(engine, 100)
+    cluster = platform()
+    cluster.worker("a")
+    sent = celery_call(cluster.env, *args)
+    assert sent.returncode == 0, sent.stderr
+    task_id = sent.stdout.strip().splitlines()[-1]
+    client = Celery(broker=cluster.redis_server.url, backend=cluster.redis_server.url,
+                    set_as_current=False)
+    result = client.AsyncResult(task_id)
+    result.get(timeout=60, propagate=False)
+    assert result.state == "FAILURE"
+    assert message in str(result.result)
+    client.close()
+    assert cluster.parts() == []
+    with engine.connect() as conn:
+        assert conn.execute(select(func.sum(DATA.c.processed_count))).scalar() == 0

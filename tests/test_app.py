@@ -1,0 +1,99 @@
+"""The Celery app: its configuration, its start-up checks, and a real worker answering a call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import pytest
+from celery import Celery
+
+from tasks.app import check_time_limits, configure
+from tasks.settings import SettingsError, load_settings
+from tests.support.workers import CELERY, ROOT, celery_call, platform_env, start_worker
+
+
+def test_configuration_follows_the_design() -> None:
+    conf = configure(load_settings({"VISIBILITY_TIMEOUT": "5000", "TIME_LIMIT": "4000",
+                                    "SOFT_TIME_LIMIT": "3900"}))
+    assert conf["accept_content"] == ["json"] and conf["task_serializer"] == "json"
+    assert conf["task_acks_late"] and conf["task_reject_on_worker_lost"]
+    assert conf["worker_prefetch_multiplier"] == 1
+    assert conf["broker_transport_options"]["visibility_timeout"] == 5000
+    assert conf["result_backend_transport_options"]["visibility_timeout"] == 5000
+    assert conf["visibility_timeout"] == 5000
+    assert conf["task_soft_time_limit"] < conf["task_time_limit"] < 5000
+    assert conf["worker_cancel_long_running_tasks_on_connection_loss"]
+    assert conf["worker_send_task_events"] and conf["task_send_sent_event"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"time_limit": 8000}, "below VISIBILITY_TIMEOUT"),
+        ({"time_limit": 100, "soft_time_limit": 100}, "soft time limit"),
+    ],
+)
+def test_a_task_whose_limits_outlive_the_visibility_timeout_is_refused(
+    limits: dict[str, int], message: str
+) -> None:
+    probe = Celery("probe", set_as_current=False)
+    probe.conf.update(configure(load_settings({"VISIBILITY_TIMEOUT": "7200"})))
+
+    @probe.task(name=f"probe.slow.{uuid.uuid4().hex}", **limits)
+    def slow() -> None:  # pragma: no cover - never runs
+        pass
+
+    with pytest.raises(SettingsError, match=message):
+        check_time_limits(probe)
+
+
+def test_the_default_tasks_pass_the_start_up_check() -> None:
+    from tasks import app
+
+    app.loader.import_default_modules()
+    check_time_limits(app)
+    assert "tasks.health.ping" in app.tasks
+
+
+def test_a_real_worker_runs_the_health_task_sent_with_celery_call(
+    worker_env: dict[str, str],
+) -> None:
+    worker = start_worker(worker_env, concurrency=1)
+    try:
+        sent = celery_call(worker_env, "tasks.health.ping")
+        assert sent.returncode == 0, sent.stderr
+        task_id = sent.stdout.strip().splitlines()[-1]
+        got = subprocess.run(
+            [*CELERY, "result", task_id], env=worker_env, cwd=ROOT,
+            capture_output=True, text=True, timeout=60,
+        )
+        assert got.returncode == 0, got.stderr
+        report = json.loads(got.stdout.strip().replace("'", '"'))
+        assert report["status"] == "ok"
+        assert report["redis"] == "ok" and report["database"] == "ok"
+        assert report["pid"] != worker.pid  # ran in a prefork pool process
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
+        ({"LEASE_TTL": "0"}, "LEASE_TTL"),
+        ({"SOFT_TIME_LIMIT": "100", "TIME_LIMIT": "50"}, "SOFT_TIME_LIMIT"),
+        ({"TIME_LIMIT": "100", "SOFT_TIME_LIMIT": "50", "VISIBILITY_TIMEOUT": "60"},
+         "VISIBILITY_TIMEOUT"),
+    ],
+)
+def test_a_worker_with_bad_settings_fails_at_start_up_with_a_clear_message(
+    env: dict[str, str], message: str
+) -> None:
+    proc = subprocess.run(
+        [*CELERY, "worker", "-P", "prefork", "-c", "1"], env=platform_env(**env), cwd=ROOT,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout

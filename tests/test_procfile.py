@@ -1,0 +1,113 @@
+"""The Procfile and docker-compose.yml start the platform with the commands a user types.
+
+Docker cannot run here, so the Procfile is started for real (with honcho) and every command the
+compose file names is checked to be one of the same real entry points.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from celery import Celery
+
+from tests.support.redis_server import RedisServer, free_port
+from tests.support.workers import ROOT, Proc, celery_call, platform_env
+
+BIN = Path(sys.executable).parent
+SUBCOMMANDS = {"worker", "beat", "flower"}
+
+
+def procfile() -> dict[str, str]:
+    lines = (ROOT / "Procfile").read_text().splitlines()
+    return dict(line.split(": ", 1) for line in lines if line.strip())
+
+
+def compose_commands() -> dict[str, list[str]]:
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return {name: svc["command"] for name, svc in spec["services"].items()
+            if "command" in svc and name not in ("redis", "postgres")}
+
+
+def test_every_command_is_a_real_entry_point_of_this_project() -> None:
+    commands = [shlex.split(cmd) for cmd in procfile().values()]
+    commands += list(compose_commands().values())
+    assert {argv[3] for argv in commands} == SUBCOMMANDS
+    for argv in commands:
+        assert argv[:3] == ["celery", "-A", "tasks"], argv
+        assert shutil.which("celery", path=str(BIN)), "celery is not installed in this venv"
+        shown = subprocess.run([str(BIN / "celery"), "-A", "tasks", argv[3], "--help"],
+                               cwd=ROOT, env=platform_env(), capture_output=True, text=True,
+                               timeout=60)
+        assert shown.returncode == 0, shown.stderr
+    assert set(compose_commands()) == set(procfile()) == SUBCOMMANDS
+
+
+def _get(url: str, auth: str | None = None) -> int:
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _get(url)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.mark.timeout(180)
+def test_the_procfile_starts_worker_beat_and_flower_with_auth(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = platform_env(
+        REDIS_URL=private_redis.url, DATABASE_URL=f"sqlite:///{tmp_path}/p.sqlite",
+        FLOWER_BASIC_AUTH="admin:s3cret-pw", FLOWER_PORT=str(port), WORKER_CONCURRENCY="1",
+        PATH=f"{BIN}:{platform_env()['PATH']}", LEASE_TTL="2",
+    )
+    honcho = Proc([str(BIN / "honcho"), "-f", str(ROOT / "Procfile"), "start"], env, "honcho")
+    try:
+        honcho.wait_for("ready.", timeout=90)
+        honcho.wait_for("became leader", timeout=60)
+        _wait_http(f"http://127.0.0.1:{port}/")
+        assert _get(f"http://127.0.0.1:{port}/workers") == 401
+        assert _get(f"http://127.0.0.1:{port}/workers", "admin:wrong") == 401
+        assert _get(f"http://127.0.0.1:{port}/workers", "admin:s3cret-pw") == 200
+        sent = celery_call(env, "tasks.health.ping")
+        assert sent.returncode == 0, sent.stderr
+        client = Celery(broker=private_redis.url, backend=private_redis.url, set_as_current=False)
+        report = client.AsyncResult(sent.stdout.strip().splitlines()[-1]).get(timeout=60)
+        client.close()
+        assert report["status"] == "ok"
+        assert "s3cret-pw" not in honcho.output()
+    finally:
+        honcho.stop()
+
+
+def test_flower_refuses_to_start_without_credentials(private_redis: RedisServer) -> None:
+    env = platform_env(REDIS_URL=private_redis.url, FLOWER_PORT=str(free_port()))
+    env.pop("FLOWER_BASIC_AUTH", None)
+    proc = subprocess.run([str(BIN / "celery"), "-A", "tasks", "flower"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "FLOWER_BASIC_AUTH" in proc.stdout + proc.stderr

@@ -1,0 +1,64 @@
+"""Settings: defaults, parsing, and a clear start-up error for every bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.settings import DEFAULT_DATABASE_URL, SettingsError, load_settings, redact
+
+
+def test_defaults_are_a_local_redis_and_a_sqlite_file() -> None:
+    settings = load_settings({})
+    assert settings.redis_url == settings.broker_url == settings.result_backend
+    assert settings.redis_url.startswith("redis://127.0.0.1:6379")
+    assert settings.database_url == DEFAULT_DATABASE_URL
+    assert settings.soft_time_limit < settings.time_limit < settings.visibility_timeout
+
+
+def test_one_redis_url_points_broker_and_backend_there_unless_overridden() -> None:
+    settings = load_settings({"REDIS_URL": "redis://127.0.0.1:6390/2",
+                              "BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"})
+    assert settings.result_backend == "redis://127.0.0.1:6390/2"
+    assert settings.broker_url.startswith("amqp://")
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"REDIS_URL": "127.0.0.1:6379"}, "REDIS_URL"),
+        ({"REDIS_URL": "http://127.0.0.1:6379"}, "REDIS_URL"),
+        ({"BROKER_URL": "kafka://x"}, "BROKER_URL"),
+        ({"DATABASE_URL": "not a url"}, "DATABASE_URL"),
+        ({"LEASE_TTL": "0"}, "LEASE_TTL"),
+        ({"LEASE_TTL": "-3"}, "LEASE_TTL"),
+        ({"LEASE_TTL": "ten"}, "LEASE_TTL"),
+        ({"SOFT_TIME_LIMIT": "60", "TIME_LIMIT": "60"}, "SOFT_TIME_LIMIT"),
+        ({"SOFT_TIME_LIMIT": "90", "TIME_LIMIT": "60"}, "SOFT_TIME_LIMIT"),
+        ({"TIME_LIMIT": "600", "SOFT_TIME_LIMIT": "500", "VISIBILITY_TIMEOUT": "600"},
+         "VISIBILITY_TIMEOUT"),
+        ({"VISIBILITY_TIMEOUT": "1.5"}, "VISIBILITY_TIMEOUT"),
+        ({"REDELIVERY_CAP": "0"}, "REDELIVERY_CAP"),
+    ],
+)
+def test_bad_values_are_rejected_naming_the_variable(env: dict[str, str], names: str) -> None:
+    with pytest.raises(SettingsError, match=names):
+        load_settings(env)
+
+
+def test_errors_never_show_a_password() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({"REDIS_URL": "http://user:s3cret@127.0.0.1:6379/0"})
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("postgresql://bob:pw@127.0.0.1/test", "postgresql://bob:***@127.0.0.1/test"),
+        ("sqlite:///x.sqlite", "sqlite:///x.sqlite"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_redact(url: str, shown: str) -> None:
+    assert redact(url) == shown
