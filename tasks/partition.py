@@ -34,7 +34,8 @@ from tasks.models import WORK, affected, utcnow
 from tasks.models import PartitionStatus as S
 from tasks.planning import Partition
 
-__all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "is_transient"]
+__all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "FencedOut",
+           "is_transient"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -81,8 +82,8 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError)
 
 
-class _FencedOut(Exception):
-    pass
+class FencedOut(Exception):
+    """A newer lease holder claimed the partition; this holder's batch was rolled back."""
 
 
 class PartitionRunner:
@@ -165,7 +166,7 @@ class PartitionRunner:
         except LeaseLost:
             log.warning("range %s part %s: lease lost; stopping", self.job.name, self.part)
             return Outcome.LOST
-        except _FencedOut:
+        except FencedOut:
             log.warning("range %s part %s: fenced out by a newer holder", self.job.name, self.part)
             return Outcome.FENCED_OUT
         except SoftTimeLimitExceeded:
@@ -239,7 +240,7 @@ class PartitionRunner:
                     heartbeat_at=utcnow(), rate=rate)
             ))
             if guarded != 1:
-                raise _FencedOut()
+                raise FencedOut()
             job.process(rows, Context(session, lease.fence, job, partition, pool))
         self.rows_done += len(rows)
         if self.on_progress is not None:
@@ -261,7 +262,7 @@ class PartitionRunner:
                     finished_at=utcnow(), heartbeat_at=utcnow())
             ))
             if done != 1:
-                raise _FencedOut()
+                raise FencedOut()
         log.info("range %s part %s: %s", job.name, self.part, status)
         return status
 

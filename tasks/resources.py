@@ -6,6 +6,7 @@ process never shares a socket with its parent and runs its own lease keeper.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Any
@@ -53,7 +54,8 @@ class Resources:
     def engine(self) -> Engine:
         with self._lock:
             if self._engine is None:
-                self._engine = make_engine(self.settings.database_url)
+                self._engine = make_engine(self.settings.database_url,
+                                           idle_timeout=self.settings.lease_ttl)
             return self._engine
 
     @property
@@ -75,8 +77,14 @@ class Resources:
         self._sessions = None
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine that behaves the same on SQLite, PostgreSQL and MariaDB."""
+def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> Engine:
+    """Create an engine that behaves the same on SQLite, PostgreSQL and MariaDB.
+
+    `idle_timeout` (seconds; the lease TTL for workers) makes the server end a session whose
+    transaction sits idle that long: a holder paused inside a batch (GC, SIGSTOP) would
+    otherwise keep its row lock on the work row and block the takeover for as long as it
+    sleeps. Its lease is gone by then anyway, so its batch must roll back.
+    """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
 
@@ -98,7 +106,22 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_recycle=1800, **kwargs)
+    if idle_timeout is not None and url.startswith("postgresql"):
+        millis = max(int(idle_timeout * 1000), 1000)
+        kwargs.setdefault("connect_args", {})["options"] = (
+            f"-c idle_in_transaction_session_timeout={millis} -c lock_timeout={2 * millis}")
+    engine = create_engine(url, pool_pre_ping=True, pool_recycle=1800, **kwargs)
+    if idle_timeout is not None and engine.dialect.name in ("mysql", "mariadb"):
+        seconds = max(math.ceil(idle_timeout), 1)
+
+        @event.listens_for(engine, "connect")
+        def _mariadb_timeouts(dbapi_conn: Any, _: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute(f"SET SESSION idle_write_transaction_timeout = {seconds}")
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {2 * seconds}")
+            cursor.close()
+
+    return engine
 
 
 _registry: dict[Settings, Resources] = {}

@@ -133,7 +133,7 @@ def test_kill_9_of_a_worker_resumes_its_partition_elsewhere(
     engine: Engine, platform: Callable[..., Platform]
 ) -> None:
     seed_cm_data(engine, 10_000)
-    cluster = platform(CM_DATA_BATCH_DELAY="0.05")
+    cluster = platform(CM_DATA_BATCH_DELAY="0.2")
     doomed = cluster.worker("doomed")
     cluster.beat()
     cluster.start_job()
@@ -150,7 +150,7 @@ def test_a_paused_worker_is_fenced_out_after_it_resumes(
     engine: Engine, platform: Callable[..., Platform]
 ) -> None:
     seed_cm_data(engine, 10_000)
-    cluster = platform(CM_DATA_PARTITION_SIZE="10000", CM_DATA_BATCH_DELAY="0.05")
+    cluster = platform(CM_DATA_PARTITION_SIZE="10000", CM_DATA_BATCH_DELAY="0.2")
     paused = cluster.worker("paused")
     cluster.beat()
     cluster.start_job()
@@ -179,7 +179,7 @@ def test_sigterm_hands_the_partition_over_without_waiting_for_the_ttl(
 ) -> None:
     seed_cm_data(engine, 10_000)
     cluster = platform(LEASE_TTL="30", CM_DATA_PARTITION_SIZE="10000",
-                       CM_DATA_BATCH_DELAY="0.05")
+                       CM_DATA_BATCH_DELAY="0.3")
     leaving = cluster.worker("leaving")
     cluster.beat()
     cluster.start_job()

@@ -18,7 +18,7 @@ from tasks.cm_data import cm_data, mark_processed
 from tasks.jobs import Context, RangeJob
 from tasks.models import CmData, WorkItem
 from tasks.models import PartitionStatus as S
-from tasks.partition import Outcome, PartitionRunner, UnknownPartition
+from tasks.partition import FencedOut, Outcome, PartitionRunner, UnknownPartition
 from tasks.reconciler import activate, reconcile_job
 from tasks.seed import seed_cm_data
 
@@ -108,13 +108,20 @@ def test_a_paused_holder_is_fenced_out_and_writes_nothing(
     old_lease = leases.acquire(job.lease_name(0), ttl=5.0)
     assert old._claim(old_lease.fence) is not None
     redis_client.delete(*redis_client.keys("lease:*"))  # the old holder's lease lapsed
-    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
-    newer = work(engine, 0)
-    assert newer.fence > old_lease.fence
-    with pytest.raises(Exception, match="_FencedOut|FencedOut"):
-        old._batch(old_lease, job_partition(newer), newer.lo, None, 0.0)
-    assert counts(engine) == {1: 1000}
-    assert work(engine, 0).next_id == newer.next_id  # the checkpoint did not move backwards
+    new = runner(job, 0, sessions, leases)
+    new_lease = leases.acquire(job.lease_name(0), ttl=5.0)
+    assert new_lease.fence > old_lease.fence
+    assert new._claim(new_lease.fence) is not None
+    claimed = work(engine, 0)
+    # The old holder wakes up and commits the batch it had read: refused, nothing written.
+    with pytest.raises(FencedOut):
+        old._batch(old_lease, job_partition(claimed), claimed.lo, None, 0.0)
+    assert counts(engine) == {0: 1000}
+    assert work(engine, 0).next_id == claimed.next_id
+    # The new holder's batch is accepted.
+    assert new._batch(new_lease, job_partition(claimed), claimed.lo, None, 0.0) == 101
+    assert counts(engine) == {0: 900, 1: 100}
+    new_lease.release()
 
 
 def job_partition(row: Any) -> Any:
