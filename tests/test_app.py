@@ -41,7 +41,7 @@ def test_a_task_whose_limits_outlive_the_visibility_timeout_is_refused(
     probe = Celery("probe", set_as_current=False)
     probe.conf.update(configure(load_settings({"VISIBILITY_TIMEOUT": "7200"})))
 
-    @probe.task(name=f"probe.slow.{uuid.uuid4().hex}", **limits)
+    @probe.task(name=f"probe.slow.{uuid.uuid4().hex}", shared=False, **limits)
     def slow() -> None:  # pragma: no cover - never runs
         pass
 
