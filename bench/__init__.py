@@ -1,3 +1,3 @@
-"""Benchmarks: each prints a ratio against a raw baseline measured in the same run, then a JSON line."""
+"""Benchmarks: each prints a ratio against a raw baseline from the same run, then JSON."""
 
 __all__: list[str] = []

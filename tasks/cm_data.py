@@ -25,7 +25,7 @@ __all__ = ["cm_data", "mark_processed", "cpu_work"]
 CPU_ROUNDS = 2000
 
 
-def cpu_work(row: Row[Any]) -> bytes:
+def cpu_work(row: Any) -> bytes:
     """A few milliseconds of hashing that releases the GIL (so threads run in parallel)."""
     return hashlib.pbkdf2_hmac("sha256", str(row.payload).encode(), b"cm_data", CPU_ROUNDS)
 

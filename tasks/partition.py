@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -250,12 +250,11 @@ class PartitionRunner:
 
     def _finish(self, fence: int, partition: Partition, next_id: int) -> str:
         job = self.job
-        with self.sessions.begin() as session:
+        with self.sessions() as session:
             max_id = session.execute(select(func.max(job.id_col))).scalar()
-            scanned_to = min(partition.hi, max_id if max_id is not None else partition.lo - 1)
-            row = session.execute(select(WORK.c.rows_done).where(
-                WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.part == self.part)).one()
-            status = S.DONE if row.rows_done > 0 else S.EMPTY
+        scanned_to = min(partition.hi, max_id if max_id is not None else partition.lo - 1)
+        status = case((WORK.c.rows_done > 0, S.DONE), else_=S.EMPTY)
+        with self.sessions.begin() as session:
             done = affected(session.execute(
                 self._guard(fence).values(
                     status=status, owner=None, next_id=max(next_id, scanned_to + 1),
@@ -263,8 +262,11 @@ class PartitionRunner:
             ))
             if done != 1:
                 raise FencedOut()
-        log.info("range %s part %s: %s", job.name, self.part, status)
-        return status
+            final = session.execute(select(WORK.c.status).where(
+                WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.part == self.part)
+            ).scalar_one()
+        log.info("range %s part %s: %s", job.name, self.part, final)
+        return str(final)
 
     def _release_to_pending(self, fence: int) -> None:
         with self.sessions.begin() as session:

@@ -52,14 +52,13 @@ def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
     Returns how many failed partitions go back to pending.
     """
     name = schedule_name(job.name)
+    now = utcnow()
     with sessions.begin() as session:
-        found = session.execute(select(SCHEDULES.c.name).where(SCHEDULES.c.name == name)).first()
-        if found is None:
+        updated = affected(session.execute(update(SCHEDULES).where(SCHEDULES.c.name == name)
+                                           .values(active=True, next_run_at=now, updated_at=now)))
+        if not updated:
             session.execute(insert(SCHEDULES).values(
-                name=name, term=0, next_run_at=utcnow(), active=True, updated_at=utcnow()))
-        else:
-            session.execute(update(SCHEDULES).where(SCHEDULES.c.name == name).values(
-                active=True, next_run_at=utcnow(), updated_at=utcnow()))
+                name=name, term=0, next_run_at=now, active=True, updated_at=now))
         return affected(session.execute(
             update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
                                WORK.c.status == S.FAILED)
@@ -75,15 +74,12 @@ def active_jobs(sessions: sessionmaker[Session]) -> list[str]:
 
 
 def _win_round(session: Session, name: str, interval: float) -> bool:
-    row = session.execute(select(SCHEDULES.c.term, SCHEDULES.c.next_run_at)
-                          .where(SCHEDULES.c.name == name)).first()
+    """One compare-and-set: the round is ours if it was due and nobody took it first."""
     now = utcnow()
-    if row is None or row.next_run_at > now:
-        return False
     # Half an interval, so beat's jitter never skips a round, yet no round runs twice.
     return affected(session.execute(
-        update(SCHEDULES).where(SCHEDULES.c.name == name, SCHEDULES.c.term == row.term)
-        .values(term=row.term + 1, next_run_at=now + timedelta(seconds=interval / 2),
+        update(SCHEDULES).where(SCHEDULES.c.name == name, SCHEDULES.c.next_run_at <= now)
+        .values(term=SCHEDULES.c.term + 1, next_run_at=now + timedelta(seconds=interval / 2),
                 updated_at=now)
     )) == 1
 
@@ -106,19 +102,19 @@ def reconcile_job(
         if not _win_round(session, schedule_name(job.name), interval):
             return Round(job.name, ran=False)
     result = Round(job.name, ran=True)
-    with sessions.begin() as session:
+    with sessions() as session:
         lo, hi = session.execute(select(func.min(job.id_col), func.max(job.id_col))).one()
         known = set(session.execute(select(WORK.c.part).where(
             WORK.c.kind == "range", WORK.c.job == job.name)).scalars())
-        missing = [p for p in plan_partitions(lo, hi, job.partition_size) if p.part not in known]
-        if missing:
+    missing = [p for p in plan_partitions(lo, hi, job.partition_size) if p.part not in known]
+    with sessions.begin() as session:
+        if missing:  # one round at a time, so nobody else inserts these rows meanwhile
             session.execute(insert(WORK), [
                 {"kind": "range", "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
                  "next_id": p.lo, "fence": 0, "status": S.PENDING, "claims": 0, "rows_done": 0,
                  "rate": 0.0} for p in missing])
         result.planned = len(missing)
         if hi is not None:
-            # Rows appended after a partition finished: reopen it from its checkpoint.
             result.reopened = _reopen(session, job, hi)
     result.dispatched = _dispatch_unleased(sessions, client, job, dispatch, grace)
     if result.planned or result.reopened or result.dispatched:
@@ -128,15 +124,11 @@ def reconcile_job(
 
 
 def _reopen(session: Session, job: RangeJob, max_id: int) -> int:
-    rows = session.execute(select(WORK.c.part, WORK.c.hi, WORK.c.next_id).where(
-        WORK.c.kind == "range", WORK.c.job == job.name,
-        WORK.c.status.in_((S.DONE, S.EMPTY)), WORK.c.next_id <= max_id)).all()
-    grown = [r.part for r in rows if r.next_id <= min(r.hi, max_id)]
-    if not grown:
-        return 0
+    """Rows appended after a partition finished: set it back to pending, from its checkpoint."""
     return affected(session.execute(
         update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
-                           WORK.c.part.in_(grown), WORK.c.status.in_((S.DONE, S.EMPTY)))
+                           WORK.c.status.in_((S.DONE, S.EMPTY)), WORK.c.next_id <= max_id,
+                           WORK.c.next_id <= WORK.c.hi)
         .values(status=S.PENDING, finished_at=None, dispatched_at=None)
     ))
 

@@ -99,11 +99,12 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
             cursor.close()
 
         @event.listens_for(engine, "begin")
-        def _begin_immediate(conn: Any) -> None:
-            # A deferred transaction that reads, then writes after another writer committed,
-            # fails at once with SQLITE_BUSY; taking the write lock up front makes it wait,
-            # which gives SQLite the row-lock behaviour the fence guard relies on elsewhere.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        def _begin(conn: Any) -> None:
+            # SQLAlchemy, not the driver, starts transactions. Every write transaction of
+            # the platform starts with its write (a guard or compare-and-set UPDATE), so
+            # it waits for SQLite's write lock (busy_timeout) instead of failing with
+            # SQLITE_BUSY after a read, and readers never wait under WAL.
+            conn.exec_driver_sql("BEGIN")
 
         return engine
     if idle_timeout is not None and url.startswith("postgresql"):

@@ -157,21 +157,29 @@ def test_a_paused_worker_is_fenced_out_after_it_resumes(
     before = wait_until(cluster.running_with_progress, 60, "a partition in progress")
     paused.signal(signal.SIGSTOP, group=True)
     cluster.worker("taker")
-    checkpoints: list[int] = []
+    checkpoints: list[int] = [before.next_id]
 
     def taken_over() -> bool:
         part = cluster.parts()[0]
         checkpoints.append(part.next_id)
-        return part.fence > before.fence and part.next_id > checkpoints[0] + 400
+        return part.fence > before.fence and part.next_id > before.next_id + 400
 
-    wait_until(taken_over, 60, "the other worker to take the partition over")
+    if engine.dialect.name == "sqlite":
+        # SQLite has no server to end the paused holder's transaction: its write lock holds
+        # everyone off until it wakes (docs/decisions.md). Only the fencing is checked here.
+        time.sleep(2 * 1.5 + 1)
+    else:
+        # The server ends the paused holder's idle transaction; the partition moves on while
+        # the holder is still stopped.
+        wait_until(taken_over, 60, "the other worker to take the partition over")
     paused.signal(signal.SIGCONT, group=True)
+    wait_until(lambda: "fenced out" in paused.output() or "lease lost" in paused.output(), 60,
+               "the paused worker to notice it lost the partition")
     cluster.wait_finished()
     checkpoints.append(cluster.parts()[0].next_id)
     assert checkpoints == sorted(checkpoints), "a checkpoint moved backwards"
+    assert cluster.parts()[0].fence > before.fence
     cluster.assert_exactly_once(10_000)
-    wait_until(lambda: "fenced out" in paused.output() or "lease lost" in paused.output(), 15,
-               "the paused worker to notice it lost the partition")
 
 
 def test_sigterm_hands_the_partition_over_without_waiting_for_the_ttl(
