@@ -16,9 +16,10 @@ def seed_cm_data(engine: Engine, rows: int, start_id: int | None = None) -> tupl
     if rows < 0:
         raise ValueError(f"rows must be >= 0, got {rows}")
     table = CM_DATA
-    with engine.begin() as conn:
+    with engine.connect() as conn:
         current = conn.execute(select(func.max(table.c.id))).scalar() or 0
-        first = start_id if start_id is not None else current + 1
+    first = start_id if start_id is not None else current + 1
+    with engine.begin() as conn:  # writes first: SQLite waits for its lock instead of failing
         for lo in range(first, first + rows, CHUNK):
             hi = min(lo + CHUNK, first + rows)
             conn.execute(insert(table), [
