@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from celery import Celery
 from sqlalchemy import Engine, delete, func, select, update
 
 from tasks.cm_data import cpu_work
@@ -69,14 +70,16 @@ def platform_run(engine: Engine, env: dict[str, str], workers: int, logs: Path) 
     try:
         for i in range(workers):
             fleet.start(f"bench-w{workers}-{i}", "worker", "-P", "prefork", "-c", "1", "-n",
-                        f"bench{workers}-{i}@%h", "--loglevel=WARNING")
+                        f"bench{workers}-{i}@%h", "--loglevel=INFO")
         for i in range(workers):
             fleet.wait_ready(f"bench-w{workers}-{i}", "ready.", timeout=90)
+        client = Celery(broker=env["REDIS_URL"], set_as_current=False)
         started = time.perf_counter()
-        fleet.call("tasks.ranges.start", '["cm_data"]')
+        client.send_task("tasks.ranges.start", ["cm_data"])
         while not _finished(engine):
             time.sleep(0.05)
         elapsed = time.perf_counter() - started
+        client.close()
     finally:
         fleet.stop_all()
     with engine.connect() as conn:

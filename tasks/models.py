@@ -23,12 +23,17 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus", "utcnow", "affected",
-           "WORK", "SCHEDULES", "CM_DATA"]
+           "WORK", "SCHEDULES", "CM_DATA", "WRITE_INTENT"]
 
 
 def utcnow() -> datetime:
     """Naive UTC now: stored the same way on all three databases."""
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+# Execution option for a transaction that reads, then writes: on SQLite it begins IMMEDIATE
+# (takes the write lock up front, so a later write cannot fail with SQLITE_BUSY).
+WRITE_INTENT = {"write_intent": True}
 
 
 def affected(result: Result[Any]) -> int:

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import case, func, select, update
+from sqlalchemy import bindparam, case, func, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
 from tasks.jobs import Context, InvalidArguments, RangeJob
-from tasks.models import WORK, affected, utcnow
+from tasks.models import WORK, WRITE_INTENT, affected, utcnow
 from tasks.models import PartitionStatus as S
 from tasks.planning import Partition
 
@@ -111,6 +111,7 @@ class PartitionRunner:
         self.on_progress = on_progress
         self.retry_delays, self.clock = retry_delays, clock
         self.rows_done = 0
+        self._compiled: tuple[Any, Any] | None = None
 
     def run(self) -> str:
         """Run the partition; return an `Outcome`. Never raises for a data or lease problem."""
@@ -217,28 +218,43 @@ class PartitionRunner:
                                    WORK.c.part == self.part, WORK.c.fence == fence,
                                    WORK.c.status == S.RUNNING))
 
+    def _statements(self, partition: Partition) -> tuple[Any, Any]:
+        """The batch's keyset query and checkpoint guard, built once per run."""
+        job = self.job
+        columns = [job.table.c[c] for c in job.columns] if job.columns else [job.table]
+        query = select(*columns).where(job.id_col >= bindparam("from_id"),
+                                       job.id_col <= partition.hi)
+        if job.where is not None:
+            query = query.where(job.where)
+        query = query.order_by(job.id_col).limit(job.batch_size)
+        guard = (update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
+                                    WORK.c.part == self.part,
+                                    WORK.c.fence == bindparam("mine"),
+                                    WORK.c.status == S.RUNNING)
+                 .values(next_id=bindparam("checkpoint"),
+                         rows_done=WORK.c.rows_done + bindparam("batch_rows"),
+                         heartbeat_at=bindparam("now"), rate=bindparam("rows_per_s")))
+        return query, guard
+
     def _batch(self, lease: Lease, partition: Partition, next_id: int,
                pool: ThreadPoolExecutor | None, started: float) -> int | None:
         """Process one batch from `next_id`; return the new checkpoint, or None when done."""
         job = self.job
-        columns = [job.table.c[c] for c in job.columns] if job.columns else [job.table]
-        query = select(*columns).where(job.id_col >= next_id, job.id_col <= partition.hi)
-        if job.where is not None:
-            query = query.where(job.where)
-        query = query.order_by(job.id_col).limit(job.batch_size)
-        with self.sessions() as session:
-            rows = session.execute(query).all()
-        if not rows:
-            return None
-        last = getattr(rows[-1], job.id_column)
-        elapsed = max(self.clock() - started, 1e-6)
-        rate = (self.rows_done + len(rows)) / elapsed
+        if self._compiled is None:
+            self._compiled = self._statements(partition)
+        query, guard = self._compiled
         with self.sessions.begin() as session:
-            guarded = affected(session.execute(
-                self._guard(lease.fence).values(
-                    next_id=last + 1, rows_done=WORK.c.rows_done + len(rows),
-                    heartbeat_at=utcnow(), rate=rate)
-            ))
+            # One transaction per batch: read, guard, effects. On SQLite it begins IMMEDIATE
+            # (it will write), on the other databases the guard row-locks the work row.
+            conn = session.connection(execution_options=WRITE_INTENT)
+            rows = conn.execute(query, {"from_id": next_id}).all()
+            if not rows:
+                return None
+            last = getattr(rows[-1], job.id_column)
+            rate = (self.rows_done + len(rows)) / max(self.clock() - started, 1e-6)
+            guarded = affected(conn.execute(guard, {
+                "mine": lease.fence, "checkpoint": last + 1, "batch_rows": len(rows),
+                "now": utcnow(), "rows_per_s": rate}))
             if guarded != 1:
                 raise FencedOut()
             job.process(rows, Context(session, lease.fence, job, partition, pool))

@@ -100,11 +100,12 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
 
         @event.listens_for(engine, "begin")
         def _begin(conn: Any) -> None:
-            # SQLAlchemy, not the driver, starts transactions. Every write transaction of
-            # the platform starts with its write (a guard or compare-and-set UPDATE), so
-            # it waits for SQLite's write lock (busy_timeout) instead of failing with
-            # SQLITE_BUSY after a read, and readers never wait under WAL.
-            conn.exec_driver_sql("BEGIN")
+            # SQLAlchemy, not the driver, starts transactions. A transaction that will read
+            # and then write (WRITE_INTENT) takes the write lock up front, so it waits for it
+            # (busy_timeout) instead of failing with SQLITE_BUSY after its read; every other
+            # transaction starts deferred, so readers never wait under WAL.
+            immediate = conn.get_execution_options().get("write_intent")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     if idle_timeout is not None and url.startswith("postgresql"):
