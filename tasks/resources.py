@@ -104,8 +104,10 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
             # and then write (WRITE_INTENT) takes the write lock up front, so it waits for it
             # (busy_timeout) instead of failing with SQLITE_BUSY after its read; every other
             # transaction starts deferred, so readers never wait under WAL.
-            immediate = conn.get_execution_options().get("write_intent")
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            options = conn.get_execution_options()
+            if options.get("isolation_level") == "AUTOCOMMIT":
+                return
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("write_intent") else "BEGIN")
 
         return engine
     if idle_timeout is not None and url.startswith("postgresql"):
