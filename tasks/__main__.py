@@ -37,6 +37,8 @@ def main(argv: list[str]) -> int:
     elif args.command == "seed":
         from tasks.seed import seed_cm_data
 
+        if args.rows < 0:
+            parser.error("rows must be >= 0")
         first, last = seed_cm_data(res.engine, args.rows)
         print(f"seeded ids {first}..{last}")
     elif args.command == "status":

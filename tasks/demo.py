@@ -142,6 +142,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--lease-ttl", type=float, default=3.0)
     parser.add_argument("--chaos", action="store_true", help="kill -9 one worker mid-run")
+    parser.add_argument("--batch-delay", type=float, default=0.0,
+                        help="seconds of extra work per batch (to watch a slow job)")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
     for name in ("rows", "workers", "partition_size", "batch_size"):
@@ -182,7 +184,8 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, REDIS_URL=redis_url, DATABASE_URL=db_url, PYTHONPATH=str(ROOT),
                LEASE_TTL=str(args.lease_ttl), RECONCILE_INTERVAL="1",
                CM_DATA_PARTITION_SIZE=str(args.partition_size),
-               CM_DATA_BATCH_SIZE=str(args.batch_size))
+               CM_DATA_BATCH_SIZE=str(args.batch_size),
+               CM_DATA_BATCH_DELAY=str(args.batch_delay))
     fleet = Fleet(env, workdir)
     try:
         return _run(args, console, fleet, engine)

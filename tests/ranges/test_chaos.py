@@ -265,3 +265,32 @@ def test_bad_input_is_rejected_with_a_clear_error_and_changes_nothing(
     assert cluster.parts() == []
     with engine.connect() as conn:
         assert conn.execute(select(func.sum(DATA.c.processed_count))).scalar() == 0
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
+def test_a_running_partition_reports_progress_as_a_custom_state(
+    engine: Engine, platform: Callable[..., Platform]
+) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    from tasks.cm_data import cm_data
+    from tasks.ranges import PROGRESS
+    from tasks.reconciler import activate, reconcile_job
+
+    seed_cm_data(engine, 4000)
+    cluster = platform(CM_DATA_PARTITION_SIZE="2000000", CM_DATA_BATCH_DELAY="0.2")
+    sessions = sessionmaker(engine)
+    activate(sessions, cm_data)
+    client = redis.Redis.from_url(cluster.redis_server.url)
+    reconcile_job(sessions, client, cm_data, lambda _j, _p: None, interval=1, grace=0)
+    cluster.worker("a")
+    sent = celery_call(cluster.env, "tasks.ranges.run_partition", "--args", '["cm_data", 0]')
+    app = Celery(broker=cluster.redis_server.url, backend=cluster.redis_server.url,
+                 set_as_current=False)
+    result = app.AsyncResult(sent.stdout.strip().splitlines()[-1])
+    wait_until(lambda: result.state == PROGRESS and result.info["rows_done"] > 0, 60,
+               "a PROGRESS state with rows done")
+    assert result.info["job"] == "cm_data" and result.info["part"] == 0
+    assert result.get(timeout=60)["outcome"] == S.DONE
+    app.close()
+    cluster.assert_exactly_once(4000)

@@ -1,0 +1,43 @@
+"""`python -m tasks` commands and the demo, run as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_server import RedisServer
+from tests.support.workers import ROOT, platform_env
+
+
+def tasks_cli(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tasks", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_migrate_seed_and_status(private_redis: RedisServer, tmp_path: Path) -> None:
+    env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=f"sqlite:///{tmp_path}/c.db",
+                       COLUMNS="200")
+    assert "up to date" in tasks_cli(env, "migrate").stdout
+    assert "up to date" in tasks_cli(env, "migrate").stdout  # idempotent
+    assert "seeded ids 1..300" in tasks_cli(env, "seed", "--rows", "300").stdout
+    empty = tasks_cli(env, "status")
+    assert empty.returncode == 0 and "no range job has partitions yet" in empty.stdout
+    bad = tasks_cli(env, "seed", "--rows", "-5")
+    assert bad.returncode != 0 and "rows must be >= 0" in bad.stderr
+
+
+@pytest.mark.timeout(240)
+def test_the_demo_verifies_exactly_once_after_a_kill(private_redis: RedisServer) -> None:
+    env = platform_env(REDIS_URL=private_redis.url, COLUMNS="200")
+    demo = tasks_cli(env, "demo", "--rows", "30000", "--partition-size", "5000",
+                     "--batch-size", "250", "--lease-ttl", "1.5", "--batch-delay", "0.05",
+                     "--chaos", timeout=220)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "chaos: kill -9 worker1" in demo.stdout
+    assert "processed exactly once: 30,000" in demo.stdout
+    assert "exactly once: yes" in demo.stdout
