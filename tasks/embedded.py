@@ -6,10 +6,11 @@ demo starts it once and hands its URL to the processes it starts.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
-__all__ = ["EmbeddedRedis", "redis_answers", "free_port"]
+__all__ = ["EmbeddedRedis", "redis_answers", "free_port", "demo_redis"]
 
 
 def redis_answers(host: str = "127.0.0.1", port: int = 6379, timeout: float = 0.5) -> bool:
@@ -51,3 +52,15 @@ class EmbeddedRedis:
         if self._server is not None:
             self._server.shutdown()
             self._server = None
+
+
+def demo_redis(db: int) -> tuple[str, EmbeddedRedis | None]:
+    """The Redis a demo or benchmark uses: REDIS_URL if set, else database `db` of a local
+    Redis, else a private one started now (returned, so the caller stops it)."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url, None
+    if redis_answers():
+        return f"redis://127.0.0.1:6379/{db}", None
+    embedded = EmbeddedRedis().start()
+    return embedded.url, embedded

@@ -41,3 +41,15 @@ def test_the_demo_verifies_exactly_once_after_a_kill(private_redis: RedisServer)
     assert "chaos: kill -9 worker1" in demo.stdout
     assert "processed exactly once: 30,000" in demo.stdout
     assert "exactly once: yes" in demo.stdout
+
+
+def test_the_embedded_redis_starts_answers_and_stops() -> None:
+    from tasks.embedded import EmbeddedRedis, redis_answers
+
+    server = EmbeddedRedis().start()
+    try:
+        assert redis_answers(port=server.port)
+        assert server.url.startswith("redis://127.0.0.1:")
+    finally:
+        server.stop()
+    assert not redis_answers(port=server.port)
