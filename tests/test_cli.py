@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
+from sqlalchemy import update
+from sqlalchemy.orm import sessionmaker
 
+from tasks.cm_data import cm_data
+from tasks.models import WORK
+from tasks.reconciler import activate, reconcile_job
+from tasks.resources import make_engine
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env
 
@@ -29,6 +36,17 @@ def test_migrate_seed_and_status(private_redis: RedisServer, tmp_path: Path) -> 
     assert empty.returncode == 0 and "no range job has partitions yet" in empty.stdout
     bad = tasks_cli(env, "seed", "--rows", "-5")
     assert bad.returncode != 0 and "rows must be >= 0" in bad.stderr
+    engine = make_engine(env["DATABASE_URL"])
+    sessions = sessionmaker(engine)
+    activate(sessions, cm_data)
+    client = redis.Redis.from_url(private_redis.url)
+    reconcile_job(sessions, client, cm_data, lambda _j, _p: None, interval=1, grace=0)
+    with engine.begin() as conn:
+        conn.execute(update(WORK).values(status="failed", error="ValueError: row 7 is bad"))
+    shown = tasks_cli(env, "status").stdout
+    assert "cm_data" in shown and "1..2000000" in shown
+    assert "failed: ValueError: row 7 is bad" in shown
+    engine.dispose()
 
 
 @pytest.mark.timeout(240)

@@ -259,3 +259,17 @@ def test_only_one_concurrent_round_runs_and_leased_partitions_are_skipped(
     reconcile_job(sessions, redis_client, job, lambda _j, p: sent.append(p), interval=60, grace=0)
     assert sent == [0, 2]
     held.release()
+
+
+def test_a_duplicate_delivery_while_the_partition_is_leased_exits_at_once(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
+) -> None:
+    seed_cm_data(engine, 500)
+    job = small()
+    plan(sessions, redis_client, job)
+    held = leases.acquire(job.lease_name(0), ttl=5.0)
+    assert runner(job, 0, sessions, leases).run() == Outcome.BUSY
+    row = work(engine, 0)
+    assert (row.status, row.claims, row.next_id) == (S.PENDING, 0, 1)
+    assert counts(engine) == {0: 500}
+    held.release()
