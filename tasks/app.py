@@ -12,13 +12,14 @@ from typing import Any
 from celery import Celery
 
 from beat.schedule import beat_schedule
+from tasks.retry import check_policy
 from tasks.settings import Settings, SettingsError, load_settings, redact
 
 __all__ = ["app", "configure", "settings", "check_time_limits"]
 
 log = logging.getLogger("tasks")
 
-TASK_MODULES = ["tasks.health", "tasks.ranges"]
+TASK_MODULES = ["tasks.health", "tasks.ranges", "tasks.samples"]
 
 
 def configure(settings: Settings) -> dict[str, Any]:
@@ -77,6 +78,9 @@ def check_time_limits(celery_app: Celery) -> None:
             raise SettingsError(
                 f"task {name}: soft time limit {soft} must be below its time limit {hard}"
             )
+        policy = getattr(task, "retry_policy", None)
+        if policy is not None:
+            check_policy(policy, visibility, name)
 
 
 settings = load_settings()

@@ -23,7 +23,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus", "utcnow", "affected",
-           "WORK", "SCHEDULES", "CM_DATA", "WRITE_INTENT"]
+           "WORK", "SCHEDULES", "CM_DATA", "WRITE_INTENT", "DeadLetter",
+           "DEAD_LETTERS"]
 
 
 def utcnow() -> datetime:
@@ -119,7 +120,22 @@ class CmData(Base):
     processed_fence: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class DeadLetter(Base):
+    """Something that failed for good (a poison message, a compensation that kept failing):
+    kept with its reason and its JSON payload, never dropped."""
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    ref: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text)
+    payload: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
 # Core tables, for compare-and-set UPDATEs and bulk reads.
 WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
 CM_DATA = cast(Table, CmData.__table__)
+DEAD_LETTERS = cast(Table, DeadLetter.__table__)

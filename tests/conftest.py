@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests import WORKER_REDIS_URL
 from tests.support.redis_server import RedisServer, redis_server
 
 # Tests use their own logical database so a developer's db 0 is left alone.
@@ -36,8 +37,6 @@ def private_redis() -> Iterator[RedisServer]:
     with redis_server() as server:
         yield server
 
-
-WORKER_REDIS_URL = os.environ.get("TEST_WORKER_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
 @pytest.fixture
