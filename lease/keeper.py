@@ -209,7 +209,7 @@ class Keeper:
         for lease in self._held:
             if (
                 lease.renews
-                and lease._beats != lease._beats_seen
+                and (not lease.progress or lease._beats != lease._beats_seen)
                 and now - lease._renewed_at >= lease.ttl * RIPE_FRACTION
             ):
                 ttl = lease._renewal_ttl(now)
@@ -377,8 +377,8 @@ def _due_at(lease: Lease, now: float) -> float | None:
     if not lease.renews or lease._renewal_ttl(now) is None:
         return None  # not ours to renew, or past its max lifetime: it will lapse
     due = lease._renewed_at + lease.ttl * RENEW_FRACTION
-    if due > now or lease._beats != lease._beats_seen:
-        return due
+    if due > now or not lease.progress or lease._beats != lease._beats_seen:
+        return due  # (a lease acquired with progress=False needs no heartbeat)
     # Due, but no progress yet. Set the flag before re-reading the count, so that a heartbeat
     # racing with us either is seen here or sees the flag and pokes the renewer.
     lease._awaiting_beat = True

@@ -69,7 +69,7 @@ class Lease:
     __slots__ = (
         "_acquired_at", "_awaiting_beat", "_beats", "_beats_seen", "_callbacks", "_keeper",
         "_key", "_lost_event", "_lost_reason", "_owner", "_pid", "_released", "_renewed_at",
-        "_safe_until", "fence", "max_lifetime", "name", "renews", "token", "ttl",
+        "_safe_until", "fence", "max_lifetime", "name", "progress", "renews", "token", "ttl",
     )
 
     def __init__(
@@ -84,6 +84,7 @@ class Lease:
         first_ttl: float,
         max_lifetime: float | None,
         renews: bool,
+        progress: bool = True,
     ) -> None:
         self.name = name
         self.token = token
@@ -91,6 +92,9 @@ class Lease:
         self.ttl = ttl
         self.max_lifetime = max_lifetime
         self.renews = renews  # renewed by the keeper while it shows progress
+        # False: renewed without heartbeats, so the lease lives exactly as long as its process
+        # (and its keeper) does; a marker of liveness rather than of progress.
+        self.progress = progress
         self._owner = owner
         self._keeper = owner.keeper
         self._key = key.encode()  # bytes: a tick packs a thousand of them
@@ -316,6 +320,7 @@ class Leases:
         max_lifetime: float | None = None,
         renew: bool = True,
         fence_floor: int = 0,
+        progress: bool = True,
     ) -> Lease:
         """Acquire lease `name` for `ttl` seconds; raise NotAcquired if someone else holds it.
 
@@ -325,6 +330,8 @@ class Leases:
         ``renew=False`` only ``Lease.renew()`` extends it. Either way the keeper reports its
         loss at safe-until. The fence handed out is above `fence_floor`: pass the newest fence
         your store has seen, and a fence counter that Redis lost cannot repeat an old fence.
+        With ``progress=False`` the keeper renews it without waiting for heartbeats: it lives
+        as long as this process does (a liveness marker, e.g. a rollback journal's owner).
         """
         validate_name(name)
         _check_durations(ttl, blocking, timeout, max_lifetime)
@@ -338,7 +345,8 @@ class Leases:
                                                fence_floor)
             if acquired:
                 lease = Lease(
-                    self, name, keys[0], token, value, ttl, start, first_ttl, max_lifetime, renew
+                    self, name, keys[0], token, value, ttl, start, first_ttl, max_lifetime, renew,
+                    progress,
                 )
                 self.keeper.track(lease)
                 self.keeper.counters.incr("acquired")

@@ -19,7 +19,9 @@ __all__ = ["app", "configure", "settings", "check_time_limits"]
 
 log = logging.getLogger("tasks")
 
-TASK_MODULES = ["tasks.health", "tasks.ranges", "tasks.samples"]
+TASK_MODULES = [
+    "tasks.health", "tasks.ranges", "tasks.samples", "tasks.rollback", "tasks.compensations",
+]
 
 
 def configure(settings: Settings) -> dict[str, Any]:

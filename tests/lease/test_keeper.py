@@ -185,3 +185,14 @@ def test_keeper_threads_start_lazily_and_idle(redis_client: redis.Redis) -> None
     leases.acquire("again", ttl=5.0)  # a new lease starts a new pair of threads
     assert len(keeper._workers) == 2 and keeper._workers != old
     keeper.stop()
+
+
+def test_a_lease_without_progress_lives_as_long_as_its_keeper(
+    leases: Leases, redis_client: redis.Redis
+) -> None:
+    lease = leases.acquire("alive", ttl=0.3, progress=False)
+    time.sleep(1.2)  # four TTLs, not one heartbeat
+    assert not lease.lost and redis_client.pttl(lease._key) > 0
+    assert leases.stats()["renewed"] >= 3
+    leases.keeper.stop()  # the process "dies": nothing renews it any more
+    assert wait_until(lambda: not redis_client.exists(lease._key), 1.0)

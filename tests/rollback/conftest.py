@@ -1,0 +1,32 @@
+"""Fixtures for the rollback tests: a journal on a fresh SQLite file and the test Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy.orm import sessionmaker
+
+from lease import Leases
+from tasks.retry import RetryPolicy
+from tasks.rollback import Journal, set_journal
+from tests.support.db import fresh_database
+
+# Fast inline retries: 3 retries, a few milliseconds apart.
+FAST = RetryPolicy(max_retries=3, initial_interval=0.005, max_interval=0.01, randomization=0.0)
+
+
+@pytest.fixture
+def journal(tmp_path: Path, redis_client: redis.Redis) -> Iterator[Journal]:
+    """The process journal, on a fresh SQLite database and the flushed test Redis."""
+    engine = fresh_database(f"sqlite:///{tmp_path}/journal.sqlite")
+    leases = Leases(redis_client)
+    found = Journal(sessionmaker(engine, expire_on_commit=False), leases, lease_ttl=2.0,
+                    policy=FAST)
+    set_journal(found)
+    yield found
+    set_journal(None)
+    leases.keeper.stop()
+    engine.dispose()
