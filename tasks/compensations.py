@@ -20,6 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from tasks.app import app, settings
 from tasks.base import PlatformTask
 from tasks.resources import resources_for
+from tasks.retry import RetryPolicy
 from tasks.rollback import checkpoint, compensation
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "release_stock",
     "sleepy_saga",
     "slow_saga",
+    "retrying_saga",
     "stubborn_saga",
 ]
 
@@ -131,3 +133,16 @@ def slow_saga(order_id: str) -> None:
     Celery records the failure."""
     _run_steps(order_id, None, STEPS[:2])
     time.sleep(10)
+
+
+@app.task(name="tasks.compensations.retrying_saga", base=PlatformTask, bind=True,
+          retry_policy=RetryPolicy(max_retries=2, initial_interval=0.2, max_interval=0.5,
+                                   retry_on=(ConnectionError,)))
+def retrying_saga(self: PlatformTask, order_id: str) -> list[str]:
+    """Reserve, then lose the payment service on the first attempt: the failed attempt is
+    rolled back before the retry, which then reserves and charges."""
+    _run_steps(order_id, None, STEPS[:1])
+    if self.request.retries == 0:
+        raise ConnectionError("payment service unreachable")
+    _run_steps(order_id, None, STEPS[1:2])
+    return ledger(order_id)

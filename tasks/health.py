@@ -6,7 +6,9 @@ import os
 import socket
 from typing import Any
 
+from redis.exceptions import RedisError
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 
 from tasks.app import app, settings
 from tasks.resources import resources_for
@@ -21,13 +23,13 @@ def ping() -> dict[str, Any]:
     report: dict[str, Any] = {"worker": socket.gethostname(), "pid": os.getpid()}
     try:
         report["redis"] = "ok" if res.redis.ping() else "no answer"
-    except Exception as exc:  # a health probe reports every failure instead of raising
+    except (RedisError, OSError) as exc:  # a probe reports a failure instead of raising
         report["redis"] = f"error: {type(exc).__name__}"
     try:
         with res.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         report["database"] = "ok"
-    except Exception as exc:
+    except (SQLAlchemyError, OSError) as exc:
         report["database"] = f"error: {type(exc).__name__}"
     report["status"] = "ok" if report["redis"] == report["database"] == "ok" else "degraded"
     return report

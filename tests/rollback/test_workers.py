@@ -177,3 +177,23 @@ def test_the_soft_limit_rolls_back_before_the_failure_is_recorded(platform: Plat
     assert not platform.redis.keys("lease:{journal:*")  # its journal lease was released
     assert "SoftTimeLimitExceeded" in str(result.traceback)
     assert [state for _, state in platform.states()] in ([], ["compensated", "compensated"])
+
+
+def test_the_sweeper_rolls_back_after_sigkill_of_the_whole_worker(platform: Platform) -> None:
+    worker = platform.worker("doomed")
+    platform.sweepers()
+    platform.client.send_task("tasks.compensations.sleepy_saga", args=["o-5", 60])
+    wait_until(lambda: "charge" in platform.ledger("o-5"), 30, "the saga to charge")
+    worker.kill()  # SIGKILL of the main process and its pool: no handler runs anywhere
+    # The message waits for the visibility timeout (an hour); the sweeper does not.
+    wait_until(lambda: undone_once(platform, "o-5"), 20, "the sweeper's rollback")
+    time.sleep(1.0)
+    assert platform.ledger("o-5") == ["reserve_stock", "charge", "refund", "release_stock"]
+    assert {state for _, state in platform.states()} == {"compensated"}
+
+
+def test_a_retry_first_rolls_back_the_failed_attempt(platform: Platform) -> None:
+    platform.worker("retry")
+    result = platform.client.send_task("tasks.compensations.retrying_saga", ["o-6"])
+    assert result.get(timeout=30) == ["reserve_stock", "release_stock", "reserve_stock", "charge"]
+    wait_until(lambda: platform.states() == [], 10, "the successful run's journal discarded")
