@@ -20,23 +20,12 @@ from tasks.models import CmData, WorkItem
 from tasks.models import PartitionStatus as S
 from tasks.seed import seed_cm_data
 from tests.support.redis_server import RedisServer
-from tests.support.workers import CELERY, Proc, celery_call, platform_env, start_worker
+from tests.support.workers import CELERY, Proc, celery_call, platform_env, start_worker, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 DATA = CmData.__table__
 WORK = WorkItem.__table__
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 class Platform:

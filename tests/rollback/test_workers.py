@@ -11,9 +11,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -24,20 +23,11 @@ from sqlalchemy.orm import sessionmaker
 from tasks.rollback import JOURNAL
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
-from tests.support.workers import Proc, celery_call, platform_env, start_worker
+from tests.support.workers import Proc, celery_call, platform_env, start_worker, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 MODULES = "tasks.rollback,tasks.compensations"
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 class Platform:

@@ -9,8 +9,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = [sys.executable, "-m", "celery", "-A", "tasks"]
@@ -23,6 +24,16 @@ def platform_env(**overrides: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(overrides)
     return env
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll `predicate` until it returns something truthy; return that, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+    return value
 
 
 def celery_call(env: Mapping[str, str], task: str, *args: str) -> subprocess.CompletedProcess[str]:

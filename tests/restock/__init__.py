@@ -1,0 +1,1 @@
+"""Tests of the restock feature: redo-log parsing and the stock Lua scripts."""
