@@ -1,0 +1,81 @@
+"""A beat scheduler that ticks only while it holds the `beat:leader` lease.
+
+Run two beats (`celery -A tasks beat`, twice) and only the leader emits; the other tries to
+take the lease every third of a TTL, so it takes over within one TTL after the leader dies.
+Timeline of a failover (TTL 2 s):
+
+    t0    beat A acquires beat:leader (fence 4) and ticks; beat B is refused and waits
+    t1    A is killed; its lease is no longer renewed
+    t1+2  the lease expires; B's next try (at most TTL/3 later) acquires it (fence 5), B ticks
+
+Even if a paused ex-leader emitted one more round, the reconciler's term compare-and-set on its
+schedule row keeps that round from running twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.beat import Scheduler
+from redis.exceptions import RedisError
+
+from lease import Lease, LeaseLost, NotAcquired, NotHeld
+
+__all__ = ["LEADER_LEASE", "LeaderScheduler"]
+
+log = logging.getLogger("beat")
+
+LEADER_LEASE = "beat:leader"
+
+
+class LeaderScheduler(Scheduler):
+    """An in-memory `celery.beat.Scheduler` gated by a lease (no schedule file on disk)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from tasks.app import settings
+        from tasks.resources import resources_for
+
+        self.lease_ttl = settings.lease_ttl
+        self._leases = resources_for(settings).leases
+        self._lease: Lease | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._lease is not None and not self._lease.lost
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        wait = self.lease_ttl / 3
+        if not self._lead():
+            return wait
+        assert self._lease is not None
+        self._lease.heartbeat()
+        return min(float(super().tick(*args, **kwargs)), wait)
+
+    def _lead(self) -> bool:
+        if self._lease is not None:
+            try:
+                self._lease.check()
+                return True
+            except LeaseLost:
+                log.warning("beat: lost the leader lease; standing by")
+                self._lease = None
+        try:
+            self._lease = self._leases.acquire(LEADER_LEASE, ttl=self.lease_ttl)
+        except NotAcquired:
+            return False
+        except RedisError as exc:
+            log.warning("beat: cannot reach Redis for the leader lease (%s)", type(exc).__name__)
+            return False
+        log.info("beat: became leader (fence %d)", self._lease.fence)
+        return True
+
+    def close(self) -> None:
+        if self._lease is not None:
+            try:
+                self._lease.release()
+            except (LeaseLost, NotHeld, RedisError):
+                pass
+            self._lease = None
+        super().close()

@@ -1,0 +1,153 @@
+"""`python -m bench range --db URL --rows N [--work trivial|cpu]`.
+
+Measures, in one run on the same database: a raw single-process keyset scan-and-update script
+(no leases, no Celery, the same batch size and per-row work), then the platform's `cm_data` job
+on 1 and on 2 real prefork worker processes. Prints rows/s of each, the ratios against the raw
+baseline, and a final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+from sqlalchemy import Engine, delete, func, select, update
+
+from tasks.cm_data import cpu_work
+from tasks.demo import Fleet, reset_database, verify
+from tasks.embedded import demo_redis
+from tasks.migrate import upgrade
+from tasks.models import CM_DATA, SCHEDULES, WORK
+from tasks.models import PartitionStatus as S
+from tasks.resources import make_engine
+from tasks.seed import seed_cm_data
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_REDIS_DB = 13
+
+
+def raw_scan(engine: Engine, batch: int, work: str) -> float:
+    """The baseline: keyset pagination and one UPDATE per batch, in one process."""
+    table = CM_DATA
+    started = time.perf_counter()
+    done, next_id = 0, 0
+    while True:
+        with engine.begin() as conn:
+            rows = conn.execute(select(table.c.id, table.c.payload)
+                                .where(table.c.id >= next_id, table.c.status == 0)
+                                .order_by(table.c.id).limit(batch)).all()
+            if not rows:
+                break
+            if work == "cpu":
+                for row in rows:
+                    cpu_work(row)
+            conn.execute(update(table).where(table.c.id.in_([r.id for r in rows]))
+                         .values(status=1, processed_count=table.c.processed_count + 1))
+        done += len(rows)
+        next_id = rows[-1].id + 1
+    return done / (time.perf_counter() - started)
+
+
+def reset_rows(engine: Engine) -> None:
+    """Every run starts from the same table state: all rows to do, then vacuumed."""
+    with engine.begin() as conn:
+        conn.execute(update(CM_DATA).values(status=0, processed_count=0, processed_fence=0))
+        conn.execute(delete(WORK))
+        conn.execute(delete(SCHEDULES))
+    if engine.dialect.name in ("postgresql", "sqlite"):
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM" if engine.dialect.name == "sqlite"
+                                 else "VACUUM ANALYZE cm_data")
+
+
+def platform_run(engine: Engine, env: dict[str, str], workers: int, logs: Path) -> float:
+    """Rows/s of the cm_data job on `workers` worker processes, from start to last partition."""
+    fleet = Fleet(env, logs)
+    try:
+        for i in range(workers):
+            fleet.start(f"bench-w{workers}-{i}", "worker", "-P", "prefork", "-c", "1", "-n",
+                        f"bench{workers}-{i}@%h", "--loglevel=INFO")
+        for i in range(workers):
+            fleet.wait_ready(f"bench-w{workers}-{i}", "ready.", timeout=90)
+        client = Celery(broker=env["REDIS_URL"], set_as_current=False)
+        started = time.perf_counter()
+        client.send_task("tasks.ranges.start", ["cm_data"])
+        while not _finished(engine):
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        client.close()
+    finally:
+        fleet.stop_all()
+    with engine.connect() as conn:
+        rows = conn.execute(select(func.count()).select_from(CM_DATA)).scalar() or 0
+    return rows / elapsed
+
+
+def _finished(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        statuses = conn.execute(select(WORK.c.status)).scalars().all()
+    return bool(statuses) and all(s in (S.DONE, S.EMPTY, S.FAILED) for s in statuses)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench range", description=__doc__)
+    parser.add_argument("--db", default=None, help="SQLAlchemy URL (default: a SQLite file)")
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--work", choices=("trivial", "cpu"), default="trivial")
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--parallelism", type=int, default=2,
+                        help="threads per worker for the per-row work (cpu)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-range-"))
+    db_url = args.db or f"sqlite:///{workdir}/bench.sqlite"
+    redis_url, embedded = demo_redis(BENCH_REDIS_DB)
+    redis.Redis.from_url(redis_url).flushdb()
+    engine = make_engine(db_url)
+    try:
+        reset_database(engine)
+        upgrade(engine)
+        seed_cm_data(engine, args.rows)
+        reset_rows(engine)
+        raw = raw_scan(engine, args.batch, args.work)
+        print(f"raw keyset scan-and-update: {raw:,.0f} rows/s")
+        env = dict(os.environ, REDIS_URL=redis_url, DATABASE_URL=db_url, PYTHONPATH=str(ROOT),
+                   CM_DATA_PARTITION_SIZE=str(max(args.rows // 8, 1)),
+                   CM_DATA_BATCH_SIZE=str(args.batch), CM_DATA_WORK=args.work,
+                   CM_DATA_PARALLELISM=str(args.parallelism), LEASE_TTL="10",
+                   RECONCILE_INTERVAL="1")
+        rates: dict[int, float] = {}
+        exactly_once = True
+        for workers in (1, 2):
+            reset_rows(engine)
+            redis.Redis.from_url(redis_url).flushdb()
+            rates[workers] = platform_run(engine, env, workers, workdir)
+            check = verify(engine)
+            exactly_once = exactly_once and check.exactly_once
+            print(f"platform, {workers} worker(s): {rates[workers]:,.0f} rows/s "
+                  f"(ratio {rates[workers] / raw:.2f}; exactly once: {check.exactly_once})")
+        result: dict[str, Any] = {
+            "db": engine.dialect.name, "rows": args.rows, "work": args.work,
+            "raw_rows_per_s": round(raw, 1),
+            "one_worker_ratio": round(rates[1] / raw, 3),
+            "two_worker_ratio": round(rates[2] / raw, 3),
+            "exactly_once": exactly_once,
+        }
+        print(json.dumps(result))
+        return 0 if exactly_once else 1
+    finally:
+        engine.dispose()
+        if embedded is not None:
+            embedded.stop()

@@ -1,0 +1,78 @@
+"""Every Redis key the lease package touches: prefixes, lifetimes and owners, in one place.
+
+The keys of one lease share the hash tag ``{NAME}`` (the braces are literal), so a lease's
+scripts touch a single Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FENCE_PREFIX",
+    "LEASE_PREFIX",
+    "WAITING_PREFIX",
+    "WAKE_PREFIX",
+    "WAKE_TTL_MS",
+    "fence_key",
+    "lease_key",
+    "validate_name",
+    "waiting_key",
+    "wake_key",
+]
+
+# lease:{NAME} -> the holder's random token. TTL: the lease TTL, extended by the holder's
+# Keeper while it shows progress. Owner: whoever holds the token; written only by
+# lease/lua/{acquire,renew,renew_many,release}.lua.
+LEASE_PREFIX = "lease:"
+
+# fence:{NAME} -> integer fencing counter, INCRed by every successful acquire. No TTL: it must
+# outlive every durable write it guards (a reset counter would hand out old fences again).
+# Owner: lease/lua/acquire.lua; read by anyone (Leases.current_fence).
+FENCE_PREFIX = "fence:"
+
+# lease-waiting:{NAME} -> "1" while a blocking acquirer may be waiting for the lease. TTL: the
+# waiter's longest single wait + WAKE_TTL_MS, refreshed by each of its refused attempts.
+# Owner: set by lease/lua/acquire.lua (blocking callers only), read by release.lua, so an
+# uncontended release does no wake-up work.
+WAITING_PREFIX = "lease-waiting:"
+
+# lease-wake:{NAME} -> list holding at most one wake marker. TTL: WAKE_TTL_MS. Owner: pushed
+# by lease/lua/release.lua when lease-waiting:{NAME} exists, popped (BLPOP) by blocked
+# acquirers.
+WAKE_PREFIX = "lease-wake:"
+
+# Long enough to cover a waiter's gap between its refused acquire and its BLPOP; short enough
+# that a release nobody waited for leaves no lasting trace.
+WAKE_TTL_MS = 1000
+
+
+def validate_name(name: str) -> str:
+    """Return `name` if it can be a lease name, else raise ValueError.
+
+    Braces are refused: they would change the key's hash tag and split a lease's keys
+    across Redis Cluster slots.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError("a lease name must be a non-empty string")
+    if "{" in name or "}" in name:
+        raise ValueError(f"a lease name must not contain braces: {name!r}")
+    return name
+
+
+def lease_key(name: str) -> str:
+    """The key holding the token of lease `name`."""
+    return f"{LEASE_PREFIX}{{{name}}}"
+
+
+def fence_key(name: str) -> str:
+    """The key holding the fencing counter of lease `name`."""
+    return f"{FENCE_PREFIX}{{{name}}}"
+
+
+def waiting_key(name: str) -> str:
+    """The flag telling a release of lease `name` that someone may be waiting for it."""
+    return f"{WAITING_PREFIX}{{{name}}}"
+
+
+def wake_key(name: str) -> str:
+    """The list a release of lease `name` pushes a wake marker to."""
+    return f"{WAKE_PREFIX}{{{name}}}"

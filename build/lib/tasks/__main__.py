@@ -1,0 +1,52 @@
+"""`python -m tasks COMMAND`: migrate, seed, status, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tasks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="apply the schema migrations to DATABASE_URL")
+    seed = sub.add_parser("seed", help="append rows to the demo table cm_data")
+    seed.add_argument("--rows", type=int, default=1_000_000)
+    status = sub.add_parser("status", help="every partition of every range job")
+    status.add_argument("--job", default=None)
+    sub.add_parser("demo", help="the range job demo (see --help)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        from tasks.demo import main as demo
+
+        return demo(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+
+    from tasks.app import settings
+    from tasks.resources import resources_for
+
+    res = resources_for(settings)
+    if args.command == "migrate":
+        from tasks.migrate import upgrade
+
+        upgrade(res.engine)
+        print("schema is up to date")
+    elif args.command == "seed":
+        from tasks.seed import seed_cm_data
+
+        if args.rows < 0:
+            parser.error("rows must be >= 0")
+        first, last = seed_cm_data(res.engine, args.rows)
+        print(f"seeded ids {first}..{last}")
+    elif args.command == "status":
+        from tasks.status import partitions, render
+
+        render(partitions(res.sessions, args.job))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,100 @@
+"""The Celery application: `celery -A tasks worker|beat|flower|call` all find it here.
+
+The configuration is the one DESIGN.md "Celery settings" asks for; `configure` is a pure
+function of `Settings` so tests can read the resulting configuration without a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from beat.schedule import beat_schedule
+from tasks.retry import check_policy
+from tasks.settings import Settings, SettingsError, load_settings, redact
+
+__all__ = ["app", "configure", "settings", "check_time_limits"]
+
+log = logging.getLogger("tasks")
+
+TASK_MODULES = [
+    "tasks.health", "tasks.ranges", "tasks.samples", "tasks.rollback", "tasks.compensations",
+]
+
+
+def configure(settings: Settings) -> dict[str, Any]:
+    """Return the Celery configuration for `settings`."""
+    visibility = {"visibility_timeout": settings.visibility_timeout}
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        # JSON only: a pickle payload is refused, never deserialized.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # At-least-once delivery; leases and fences make the second run a no-op.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # The visibility timeout must be set in all three places to take effect everywhere.
+        "broker_transport_options": dict(visibility),
+        "result_backend_transport_options": dict(visibility),
+        "visibility_timeout": settings.visibility_timeout,
+        "task_soft_time_limit": settings.soft_time_limit,
+        "task_time_limit": settings.time_limit,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "task_track_started": True,
+        "result_expires": 24 * 3600,
+        "result_extended": True,
+        "beat_scheduler": "beat.scheduler:LeaderScheduler",
+        "beat_schedule": beat_schedule(settings.reconcile_interval),
+        "timezone": "UTC",
+        "enable_utc": True,
+    }
+
+
+def check_time_limits(celery_app: Celery) -> None:
+    """Refuse to start when a task's limits could outlive the visibility timeout.
+
+    A task still running when the visibility timeout passes is redelivered to another worker
+    while the first copy runs on, so every hard limit must stay below it, and every soft limit
+    below its hard limit.
+    """
+    visibility = celery_app.conf.visibility_timeout
+    for name, task in sorted(celery_app.tasks.items()):
+        if name.startswith("celery."):
+            continue
+        hard = task.time_limit or celery_app.conf.task_time_limit
+        soft = task.soft_time_limit or celery_app.conf.task_soft_time_limit
+        if hard is None or hard >= visibility:
+            raise SettingsError(
+                f"task {name}: time limit {hard} must be below VISIBILITY_TIMEOUT ({visibility})"
+            )
+        if soft is not None and soft >= hard:
+            raise SettingsError(
+                f"task {name}: soft time limit {soft} must be below its time limit {hard}"
+            )
+        policy = getattr(task, "retry_policy", None)
+        if policy is not None:
+            check_policy(policy, visibility, name)
+
+
+settings = load_settings()
+app = Celery("tasks", include=TASK_MODULES)
+app.conf.update(configure(settings))
+
+
+@app.on_after_finalize.connect
+def _validate_on_finalize(sender: Celery, **_: Any) -> None:
+    check_time_limits(sender)
+    log.debug(
+        "platform configured: broker=%s database=%s",
+        redact(settings.broker_url),
+        redact(settings.database_url),
+    )

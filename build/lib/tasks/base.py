@@ -1,0 +1,111 @@
+"""`PlatformTask`: the task base class of the platform.
+
+    @app.task(base=PlatformTask, retry_policy=EXPONENTIAL, soft_time_limit=50, time_limit=60,
+              schedule_to_start=30)
+    def charge(order_id: str) -> None: ...
+
+What it adds to a plain Celery task, and what each costs on the hot path:
+
+- **Retry policies** (`tasks.retry`): an exception the policy retries is retried with the
+  policy's jittered countdown; everything else fails at once. No I/O unless it retries.
+- **Redelivery cap**: with `task_reject_on_worker_lost`, a message that kills its worker is
+  redelivered forever. A redelivered message increments `deliveries:{task_id}` in Redis; past
+  `REDELIVERY_CAP` deliveries it goes to the dead-letter store instead of running again. A first
+  delivery (the common case) does no I/O at all.
+- **Soft time limit**: the task's rollback runs (and its journal lease is released) before
+  Celery records the failure; `SoftTimeLimitExceeded` is re-raised, never swallowed.
+- **Schedule-to-start limit**: `schedule_to_start` seconds become the message's `expires`, so
+  a task that waited too long in the queue is revoked (state REVOKED, reason "expired")
+  instead of started.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
+
+from tasks.retry import RetryPolicy, decide
+
+__all__ = ["PlatformTask", "DEAD_LETTERED", "deliveries_key"]
+
+log = logging.getLogger("tasks")
+
+# Custom state of a task whose message was dead-lettered instead of run.
+DEAD_LETTERED = "DEAD_LETTERED"
+
+# deliveries:{TASK_ID} -> how many times a redelivered message was delivered after the first.
+# TTL: twice the visibility timeout (a message cannot be redelivered later than that). Owner:
+# PlatformTask.__call__.
+DELIVERIES_PREFIX = "deliveries:"
+
+
+def deliveries_key(task_id: str) -> str:
+    return f"{DELIVERIES_PREFIX}{{{task_id}}}"
+
+
+class PlatformTask(Task):  # type: ignore[misc]
+    """Celery Task with retry policies, a redelivery cap, rollback on the soft limit and a
+    schedule-to-start limit."""
+
+    abstract = True
+    acks_late = True
+    reject_on_worker_lost = True
+    # Retries are decided by `retry_policy` (None: never retried automatically).
+    retry_policy: ClassVar[RetryPolicy | None] = None
+    max_retries = None
+    schedule_to_start: ClassVar[float | None] = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.id and (request.delivery_info or {}).get("redelivered"):
+            self._count_delivery(request.id, args, kwargs)
+        try:
+            return self.run(*args, **kwargs)
+        except SoftTimeLimitExceeded:
+            self._roll_back_now(request.id, "soft time limit exceeded")
+            raise
+        except Exception as exc:
+            policy = self.retry_policy
+            countdown = decide(policy, exc, request.retries) if policy is not None else None
+            if countdown is None:
+                raise
+            raise self.retry(exc=exc, countdown=countdown) from exc
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        if self.schedule_to_start is not None:
+            options.setdefault("expires", self.schedule_to_start)
+        return super().apply_async(args, kwargs, **options)
+
+    def _count_delivery(self, task_id: str, args: Any, kwargs: Any) -> None:
+        from tasks.app import settings
+        from tasks.deadletter import DeadLetters
+        from tasks.resources import resources_for
+
+        res = resources_for(settings)
+        key = deliveries_key(task_id)
+        with res.redis.pipeline() as pipe:
+            pipe.incr(key)
+            pipe.expire(key, 2 * settings.visibility_timeout)
+            redeliveries = int(pipe.execute()[0])
+        deliveries = redeliveries + 1
+        if deliveries <= settings.redelivery_cap:
+            log.warning("task %s[%s]: delivery %d of at most %d", self.name, task_id,
+                        deliveries, settings.redelivery_cap)
+            return
+        reason = (f"delivered {deliveries} times (REDELIVERY_CAP={settings.redelivery_cap}): "
+                  "the message keeps killing its worker")
+        DeadLetters(res.sessions).add("task", task_id, reason,
+                                      {"task": self.name, "args": args, "kwargs": kwargs})
+        self.update_state(state=DEAD_LETTERED, meta={"reason": reason})
+        raise Ignore(reason)
+
+    @staticmethod
+    def _roll_back_now(task_id: str | None, reason: str) -> None:
+        if not task_id:
+            return
+        from tasks import rollback
+
+        rollback.rollback_now(task_id, reason)

@@ -1,0 +1,142 @@
+"""Declaring range jobs: what table to walk, which rows, and what to do with each batch.
+
+    cm_data = RangeJob(
+        name="cm_data",
+        table=CmData.__table__,
+        where=CmData.status == 0,
+        process=mark_processed,        # (rows, ctx) -> None; writes through ctx.session
+        batch_size=1000,
+        parallelism=4,                 # ctx.map(fn, rows) runs fn on 4 threads
+    )
+    register(cm_data)
+
+The process function runs inside the batch's transaction: its writes commit together with the
+partition's checkpoint, guarded by the lease's fence, or not at all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy import ColumnElement, Row, Table
+from sqlalchemy.orm import Session
+
+from tasks.planning import Partition
+
+__all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
+           "registered_jobs", "validate_job_name", "validate_part"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
+
+JOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+class InvalidArguments(ValueError):
+    """A task was called with arguments it cannot run with; nothing was changed."""
+
+
+class UnknownJob(InvalidArguments):
+    """No range job of that name is registered."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a process function gets besides its rows.
+
+    `session` is the batch's transaction; `fence` is the lease's fencing token (store it beside
+    an effect to show which holder made it); `map` runs a function over the rows on the job's
+    thread pool and returns the results in order.
+    """
+
+    session: Session
+    fence: int
+    job: RangeJob
+    partition: Partition
+    pool: ThreadPoolExecutor | None = None
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        if self.pool is None:
+            return [fn(item) for item in items]
+        return list(self.pool.map(fn, items))
+
+
+@dataclass(frozen=True)
+class RangeJob:
+    """A job that walks `table` in id-range partitions, batch by batch, exactly once."""
+
+    name: str
+    table: Table
+    process: ProcessFn
+    where: ColumnElement[bool] | None = None
+    id_column: str = "id"
+    partition_size: int = 2_000_000
+    batch_size: int = 1000
+    parallelism: int = 1
+    columns: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        validate_job_name(self.name)
+        for attr in ("partition_size", "batch_size", "parallelism"):
+            if getattr(self, attr) <= 0:
+                raise ValueError(f"range job {self.name}: {attr} must be positive")
+        for column in (self.id_column, *self.columns):
+            if column not in self.table.c:
+                raise ValueError(f"range job {self.name}: table {self.table.name} has no "
+                                 f"column {column!r}")
+
+    @property
+    def id_col(self) -> Any:
+        return self.table.c[self.id_column]
+
+    def lease_name(self, part: int) -> str:
+        return f"range:{self.name}:{part}"
+
+
+_JOBS: dict[str, RangeJob] = {}
+
+
+def register(job: RangeJob) -> RangeJob:
+    """Make `job` known to workers, the reconciler and `tasks.ranges.start`."""
+    existing = _JOBS.get(job.name)
+    if existing is not None and existing is not job:
+        raise ValueError(f"range job {job.name} is already registered")
+    _JOBS[job.name] = job
+    return job
+
+
+def validate_job_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise InvalidArguments(f"job must be a string, got {type(name).__name__}")
+    if not JOB_NAME.match(name):
+        raise InvalidArguments(f"job name {name!r} must match {JOB_NAME.pattern}")
+    return name
+
+
+def validate_part(part: object) -> int:
+    if isinstance(part, bool) or not isinstance(part, int):
+        raise InvalidArguments(f"partition must be an integer, got {type(part).__name__}")
+    if part < 0:
+        raise InvalidArguments(f"partition must be >= 0, got {part}")
+    return part
+
+
+def get_job(name: object) -> RangeJob:
+    """The registered job called `name`; `UnknownJob` names the known ones otherwise."""
+    validate_job_name(name)
+    assert isinstance(name, str)
+    try:
+        return _JOBS[name]
+    except KeyError:
+        known = ", ".join(sorted(_JOBS)) or "none"
+        raise UnknownJob(f"unknown range job {name!r} (known: {known})") from None
+
+
+def registered_jobs() -> list[RangeJob]:
+    return [_JOBS[name] for name in sorted(_JOBS)]

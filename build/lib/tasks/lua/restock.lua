@@ -1,0 +1,57 @@
+-- Return the stock of a batch of due delay-queue entries of one queue (seed 002).
+--
+-- KEYS[1]  maintaining:{node:N}       exists while the node is being rebuilt
+-- KEYS[2]  drain-lock:{node:N}:QUEUE  the queue's drainer token
+-- KEYS[3]  term:{node:N}              the node's current term (missing: 0)
+-- KEYS[4]  offsets:{node:N}:QUEUE     hash sku_id -> offset of the last entry applied
+-- KEYS[5]  stock:{node:N}             hash sku_id -> available quantity
+-- KEYS[6]  deducted:{node:N}          hash order_item_id -> entry text (deduction on record)
+-- KEYS[7]  delay:{node:N}:QUEUE       sorted set of pending entries
+-- ARGV[1]  token   the caller's drain-lock token
+-- ARGV[2 + 7k .. 8 + 7k], for each entry k, as parsed by tasks.redolog.parse_entry:
+--          entry text, order_item_id, sku_id, sku_num, offset, term, paid ('1' or '0', from
+--          the database)
+-- The caller passes entries in offset order.
+--
+-- Returns one status per entry, in order:
+--   'MAINTAINING'        node in maintenance: nothing done for any entry (abort the batch)
+--   'LOCK_FAILED'        drain lock not held by token: nothing done (abort, re-acquire)
+--   'WRONG_TERM'         entry from an older term (the rebuild already counted it): removed
+--   'HAS_BEEN_CONSUMED'  offset not above the SKU's stored offset: removed, no stock change
+--   'PAID'               paid, and the deduction on record is this entry: removed, no change
+--   'SUCCESS'            stock += sku_num, offset stored, removed
+-- A paid order whose record is a different entry still gets this entry's stock back (seed 002).
+-- Maintenance and the lock are checked once: nothing inside one script call can change them.
+local n = (#ARGV - 1) / 7
+local statuses = {}
+local abort
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    abort = 'MAINTAINING'
+elseif redis.call('GET', KEYS[2]) ~= ARGV[1] then
+    abort = 'LOCK_FAILED'
+end
+if abort then
+    for k = 1, n do statuses[k] = abort end
+    return statuses
+end
+local term = redis.call('GET', KEYS[3]) or '0'
+for k = 1, n do
+    local base = 2 + 7 * (k - 1)
+    local entry, order_item, sku = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+    local qty, offset = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+    local status
+    if ARGV[base + 5] ~= term then
+        status = 'WRONG_TERM'
+    elseif offset <= tonumber(redis.call('HGET', KEYS[4], sku) or '0') then
+        status = 'HAS_BEEN_CONSUMED'
+    elseif ARGV[base + 6] == '1' and redis.call('HGET', KEYS[6], order_item) == entry then
+        status = 'PAID'
+    else
+        redis.call('HINCRBY', KEYS[5], sku, qty)
+        redis.call('HSET', KEYS[4], sku, offset)
+        status = 'SUCCESS'
+    end
+    redis.call('ZREM', KEYS[7], entry)
+    statuses[k] = status
+end
+return statuses

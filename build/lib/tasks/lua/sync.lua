@@ -1,0 +1,52 @@
+-- Move the next redo-log entries of one queue into its delay queue (seed 002).
+--
+-- The log is read with an XRANGE cursor rather than a consumer group: there is one syncer per
+-- queue (it holds the queue's drain lock), and a cursor is one hash that a maintenance rebuild
+-- can inspect or reset. Entries stay in the stream; the cursor only moves past entries that were
+-- added to the delay queue, so a refused sync leaves them to the next call (backpressure).
+--
+-- KEYS[1]  redo:{node:N}:QUEUE         stream written by deduct.lua ({e = entry, t = time_ms})
+-- KEYS[2]  redo-cursor:{node:N}:QUEUE  hash {id = last synced stream id, score = its score}
+-- KEYS[3]  delay:{node:N}:QUEUE        sorted set entry -> due time in ms
+-- KEYS[4]  maintaining:{node:N}        exists while the node is being rebuilt
+-- ARGV[1]  count      most entries to move in this call
+-- ARGV[2]  capacity   the delay queue refuses new entries once it holds this many
+-- ARGV[3]  delay_ms   due time = entry time + delay_ms
+--
+-- Returns {'OK', moved}             moved entries (0 when the log is drained)
+--         {'MAINTAINING', 0}        the node is in maintenance; nothing moved
+--         {'FULL', size}            the delay queue holds >= capacity entries; nothing moved
+-- Scores strictly increase in log (= offset) order: a score is max(time + delay, previous + 1).
+-- restock.lua skips an entry whose offset is not above the SKU's stored offset, so an entry
+-- must never become due after a later entry of the same queue, whatever the callers' clocks.
+-- ZADD of an entry already queued is a no-op, so re-running a sync after a crash is harmless.
+if redis.call('EXISTS', KEYS[4]) == 1 then
+    return {'MAINTAINING', 0}
+end
+local size = redis.call('ZCARD', KEYS[3])
+local capacity = tonumber(ARGV[2])
+if size >= capacity then
+    return {'FULL', size}
+end
+local count = math.min(tonumber(ARGV[1]), capacity - size)
+local cursor = redis.call('HGET', KEYS[2], 'id') or '0-0'
+local last_score = tonumber(redis.call('HGET', KEYS[2], 'score') or '-1')
+local messages = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', count)
+local delay = tonumber(ARGV[3])
+for _, message in ipairs(messages) do
+    local fields = message[2]
+    local entry, time_ms
+    for i = 1, #fields, 2 do
+        if fields[i] == 'e' then entry = fields[i + 1] elseif fields[i] == 't' then
+            time_ms = tonumber(fields[i + 1])
+        end
+    end
+    local score = math.max(time_ms + delay, last_score + 1)
+    redis.call('ZADD', KEYS[3], string.format('%d', score), entry)
+    last_score = score
+    cursor = message[1]
+end
+if #messages > 0 then
+    redis.call('HSET', KEYS[2], 'id', cursor, 'score', string.format('%d', last_score))
+end
+return {'OK', #messages}

@@ -1,0 +1,61 @@
+"""Work table, schedule table and the demo table cm_data.
+
+Revision ID: 0001
+Revises:
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "work_items",
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("kind", sa.String(32), nullable=False),
+        sa.Column("job", sa.String(128), nullable=False),
+        sa.Column("part", sa.Integer(), nullable=False),
+        sa.Column("lo", sa.BigInteger(), nullable=False),
+        sa.Column("hi", sa.BigInteger(), nullable=False),
+        sa.Column("next_id", sa.BigInteger(), nullable=False),
+        sa.Column("fence", sa.BigInteger(), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("owner", sa.String(255), nullable=True),
+        sa.Column("claims", sa.Integer(), nullable=False),
+        sa.Column("rows_done", sa.BigInteger(), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("heartbeat_at", sa.DateTime(), nullable=True),
+        sa.Column("dispatched_at", sa.DateTime(), nullable=True),
+        sa.Column("started_at", sa.DateTime(), nullable=True),
+        sa.Column("finished_at", sa.DateTime(), nullable=True),
+        sa.Column("rate", sa.Float(), nullable=False),
+        sa.UniqueConstraint("kind", "job", "part", name="uq_work_items_job_part"),
+    )
+    op.create_table(
+        "schedules",
+        sa.Column("name", sa.String(128), primary_key=True),
+        sa.Column("term", sa.BigInteger(), nullable=False),
+        sa.Column("next_run_at", sa.DateTime(), nullable=False),
+        sa.Column("active", sa.Boolean(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(), nullable=False),
+    )
+    op.create_table(
+        "cm_data",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
+                  autoincrement=True),
+        sa.Column("status", sa.Integer(), nullable=False),
+        sa.Column("payload", sa.String(255), nullable=False),
+        sa.Column("processed_count", sa.Integer(), nullable=False),
+        sa.Column("processed_fence", sa.BigInteger(), nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("cm_data")
+    op.drop_table("schedules")
+    op.drop_table("work_items")

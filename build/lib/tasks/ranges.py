@@ -1,0 +1,89 @@
+"""Celery tasks of range jobs: `start`, `reconcile` (beat) and `run_partition`.
+
+    celery -A tasks call tasks.ranges.start --args '["cm_data"]'
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from celery import Task
+
+from tasks import cm_data as _cm_data  # noqa: F401  (registers the demo job)
+from tasks.app import app, settings
+from tasks.jobs import get_job, registered_jobs, validate_part
+from tasks.lifecycle import shutdown_requested
+from tasks.partition import Outcome, PartitionRunner, Progress
+from tasks.reconciler import Round, activate, active_jobs, reconcile_job
+from tasks.resources import resources_for
+
+__all__ = ["start", "reconcile", "run_partition", "PROGRESS"]
+
+# Custom task state shown by Flower while a partition runs.
+PROGRESS = "PROGRESS"
+PROGRESS_EVERY = 1.0  # seconds between progress updates to the result backend
+
+
+def _dispatch(job: str, part: int) -> None:
+    run_partition.apply_async((job, part))
+
+
+def _round(job_name: str) -> Round:
+    res = resources_for(settings)
+    return reconcile_job(
+        res.sessions, res.redis, get_job(job_name), _dispatch,
+        interval=settings.reconcile_interval,
+        grace=max(settings.lease_ttl, 2 * settings.reconcile_interval),
+    )
+
+
+def _report(r: Round) -> dict[str, Any]:
+    return {"job": r.job, "ran": r.ran, "planned": r.planned, "reopened": r.reopened,
+            "dispatched": r.dispatched}
+
+
+@app.task(name="tasks.ranges.start")
+def start(job: str) -> dict[str, Any]:
+    """Start or resume range job `job`: activate it, reset failed partitions, reconcile now."""
+    found = get_job(job)
+    reset = activate(resources_for(settings).sessions, found)
+    report = _report(_round(found.name))
+    report["reset_failed"] = reset
+    return report
+
+
+@app.task(name="tasks.ranges.reconcile")
+def reconcile() -> list[dict[str, Any]]:
+    """One reconcile round for every active job (beat emits this every few seconds)."""
+    known = {job.name for job in registered_jobs()}
+    names = [name for name in active_jobs(resources_for(settings).sessions) if name in known]
+    return [_report(_round(name)) for name in names]
+
+
+@app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True)
+def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
+    """Work partition `part` of `job` under its lease (a duplicate delivery exits at once)."""
+    found, part = get_job(job), validate_part(part)
+    res = resources_for(settings)
+    last_update = [0.0]
+
+    def progress(p: Progress) -> None:
+        now = time.monotonic()
+        if now - last_update[0] >= PROGRESS_EVERY and self.request.id:
+            last_update[0] = now
+            self.update_state(state=PROGRESS, meta={
+                "job": p.job, "part": p.part, "checkpoint": p.checkpoint, "hi": p.hi,
+                "rows_done": p.rows_done, "rows_per_s": round(p.rows_per_s, 1)})
+
+    runner = PartitionRunner(
+        found, part, sessions=res.sessions, leases=res.leases, lease_ttl=settings.lease_ttl,
+        owner=f"{socket.gethostname()}:{os.getpid()}", shutdown=shutdown_requested,
+        time_slice=settings.range_slice, on_progress=progress,
+    )
+    outcome = runner.run()
+    if outcome == Outcome.HANDED_OVER:
+        _dispatch(found.name, part)
+    return {"job": found.name, "part": part, "outcome": outcome, "rows": runner.rows_done}

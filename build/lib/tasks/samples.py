@@ -1,0 +1,61 @@
+"""Small tasks that show the platform's task semantics (tests and `python -m bench overhead`
+use them; users can run them with `celery -A tasks call`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from celery import Task
+
+from tasks.app import app, settings
+from tasks.base import PlatformTask
+from tasks.resources import resources_for
+from tasks.retry import RetryPolicy
+
+__all__ = ["flaky", "noop_bare", "noop_platform", "poison", "picky", "prompt"]
+
+QUICK = RetryPolicy(max_retries=4, initial_interval=0.2, max_interval=1.0, multiplier=2.0,
+                    randomization=0.5, retry_on=(ConnectionError,))
+
+
+@app.task(name="tasks.samples.noop_bare", base=Task)
+def noop_bare() -> None:
+    """A no-op on a bare Celery task class (the overhead benchmark's baseline)."""
+
+
+@app.task(name="tasks.samples.noop_platform", base=PlatformTask)
+def noop_platform() -> None:
+    """A no-op on the platform's task base (policies, signals, journal support)."""
+
+
+@app.task(name="tasks.samples.flaky", base=PlatformTask, bind=True, retry_policy=QUICK)
+def flaky(self: PlatformTask, key: str, failures: int) -> dict[str, Any]:
+    """Fail with ConnectionError `failures` times (counted in Redis under `key`), then succeed."""
+    client = resources_for(settings).redis
+    attempt = int(client.incr(f"sample:flaky:{key}"))
+    client.rpush(f"sample:flaky:{key}:retries", self.request.retries)
+    if attempt <= failures:
+        raise ConnectionError(f"attempt {attempt}: the service is away")
+    return {"attempts": attempt, "retries": self.request.retries}
+
+
+@app.task(name="tasks.samples.picky", base=PlatformTask, retry_policy=QUICK)
+def picky(key: str) -> None:
+    """Fail with a ValueError: not in the policy's retry_on, so never retried."""
+    resources_for(settings).redis.incr(f"sample:picky:{key}")
+    raise ValueError(f"{key} is malformed")
+
+
+@app.task(name="tasks.samples.poison", base=PlatformTask)
+def poison(key: str) -> None:
+    """A poison message: it kills the pool process that runs it, every time."""
+    resources_for(settings).redis.incr(f"sample:poison:{key}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(name="tasks.samples.prompt", base=PlatformTask, schedule_to_start=1.0)
+def prompt() -> str:
+    """Worth running only within a second of being sent (schedule-to-start limit)."""
+    return "started in time"

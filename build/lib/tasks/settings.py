@@ -1,0 +1,155 @@
+"""One typed settings object, read from the environment in one function.
+
+Every value has a default that runs on one machine (a local Redis, a SQLite file). A bad value
+fails at start-up with a message that names the variable; a credential never appears in one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+__all__ = ["Settings", "SettingsError", "load_settings", "redact"]
+
+T = TypeVar("T")
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL = "sqlite:///rangekeeper.sqlite"
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+BROKER_SCHEMES = (*REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
+
+
+class SettingsError(ValueError):
+    """A setting has a value the platform cannot run with; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the platform reads from its environment. Times are in seconds."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    broker_url: str = DEFAULT_REDIS_URL
+    result_backend: str = DEFAULT_REDIS_URL
+    database_url: str = DEFAULT_DATABASE_URL
+    lease_ttl: float = 10.0
+    soft_time_limit: float = 3300.0
+    time_limit: float = 3600.0
+    visibility_timeout: int = 7200
+    reconcile_interval: float = 5.0
+    redelivery_cap: int = 5
+    # A partition task hands its partition back after this long, to stay within time limits.
+    range_slice: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.soft_time_limit >= self.time_limit:
+            raise SettingsError(
+                f"SOFT_TIME_LIMIT ({self.soft_time_limit:g}) must be below "
+                f"TIME_LIMIT ({self.time_limit:g})"
+            )
+        if self.visibility_timeout <= self.time_limit:
+            raise SettingsError(
+                f"VISIBILITY_TIMEOUT ({self.visibility_timeout}) must exceed TIME_LIMIT "
+                f"({self.time_limit:g}), or a running task is redelivered while it still runs"
+            )
+        if self.range_slice >= self.soft_time_limit:
+            raise SettingsError(
+                f"RANGE_SLICE ({self.range_slice:g}) must be below SOFT_TIME_LIMIT "
+                f"({self.soft_time_limit:g})"
+            )
+        if self.lease_ttl >= self.visibility_timeout:
+            raise SettingsError(
+                f"LEASE_TTL ({self.lease_ttl:g}) must be below VISIBILITY_TIMEOUT "
+                f"({self.visibility_timeout})"
+            )
+
+
+def redact(url: str) -> str:
+    """Return `url` with any password replaced by `***`, for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        try:
+            scheme = urlsplit(raw).scheme
+        except ValueError:
+            scheme = ""
+        if scheme not in schemes:
+            raise SettingsError(
+                f"{name}={redact(raw)!r} is not a valid URL: expected a scheme among "
+                f"{', '.join(schemes)}"
+            )
+        return raw
+
+    return parse
+
+
+def _database_url(name: str, raw: str) -> str:
+    try:
+        make_url(raw)
+    except ArgumentError as exc:
+        raise SettingsError(f"{name}={redact(raw)!r} is not a SQLAlchemy URL: {exc}") from None
+    return raw
+
+
+def _positive(cast: Callable[[str], T]) -> Callable[[str, str], T]:
+    def parse(name: str, raw: str) -> T:
+        try:
+            value = cast(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw!r} is not a number") from None
+        if not value > 0:  # type: ignore[operator]
+            raise SettingsError(f"{name}={raw!r} must be greater than 0")
+        return value
+
+    return parse
+
+
+_FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "redis_url": ("REDIS_URL", _url(REDIS_SCHEMES)),
+    "broker_url": ("BROKER_URL", _url(BROKER_SCHEMES)),
+    "result_backend": ("RESULT_BACKEND", _url(REDIS_SCHEMES)),
+    "database_url": ("DATABASE_URL", _database_url),
+    "lease_ttl": ("LEASE_TTL", _positive(float)),
+    "soft_time_limit": ("SOFT_TIME_LIMIT", _positive(float)),
+    "time_limit": ("TIME_LIMIT", _positive(float)),
+    "visibility_timeout": ("VISIBILITY_TIMEOUT", _positive(int)),
+    "reconcile_interval": ("RECONCILE_INTERVAL", _positive(float)),
+    "redelivery_cap": ("REDELIVERY_CAP", _positive(int)),
+    "range_slice": ("RANGE_SLICE", _positive(float)),
+}
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read `Settings` from `env` (default `os.environ`); raise `SettingsError` on a bad value.
+
+    BROKER_URL and RESULT_BACKEND default to REDIS_URL, so one variable points the whole
+    platform at one Redis.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for field, (name, parse) in _FIELDS.items():
+        raw = env.get(name, "").strip()
+        if raw:
+            values[field] = parse(name, raw)
+    redis_url = str(values.get("redis_url", DEFAULT_REDIS_URL))
+    values.setdefault("broker_url", redis_url)
+    values.setdefault("result_backend", redis_url)
+    return Settings(**values)  # type: ignore[arg-type]

@@ -1,0 +1,446 @@
+"""Redis stock of the restock feature (seed 002): keys, the three Lua scripts, their replies.
+
+Stock is sharded over Redis nodes; node N's keys share the hash tag ``{node:N}`` (braces
+literal), so every script touches one Redis Cluster slot. Within a node, stock is deducted
+into per-queue redo logs, each drained through its own delay queue::
+
+    deduct.lua   stock -= qty, record the deduction, append a redo-log entry
+    sync.lua     redo log -> delay queue (sorted set scored by due time)
+    restock.lua  due entries of unpaid orders -> stock += qty, exactly once per entry
+
+Every reply code maps to one :class:`Action` in :data:`ACTIONS`, and the wrappers of
+:class:`StockScripts` turn codes into results or exceptions; nothing else reads raw replies.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from tasks.redolog import (
+    MAX_SKU_NUM,
+    MalformedEntry,
+    RedoEntry,
+    check_id,
+    format_entry,
+    parse_entry,
+)
+
+__all__ = [
+    "ACTIONS",
+    "BAD_QUANTITY",
+    "DEDUCT",
+    "DEDUCTED_PREFIX",
+    "DEFAULT_CAPACITY",
+    "DEFAULT_DELAY_MS",
+    "DELAY_PREFIX",
+    "DRAIN_LOCK_PREFIX",
+    "DUPLICATE",
+    "FULL",
+    "HAS_BEEN_CONSUMED",
+    "INSUFFICIENT",
+    "LOCK_FAILED",
+    "MAINTAINING",
+    "MAINTAINING_PREFIX",
+    "OFFSETS_PREFIX",
+    "OFFSET_PREFIX",
+    "OK",
+    "PAID",
+    "REDO_CURSOR_PREFIX",
+    "REDO_PREFIX",
+    "RESTOCK",
+    "STOCK_PREFIX",
+    "SUCCESS",
+    "SYNC",
+    "TERM_PREFIX",
+    "UNKNOWN_SKU",
+    "WRONG_TERM",
+    "Action",
+    "BadQuantity",
+    "Deduction",
+    "InsufficientStock",
+    "LockNotHeld",
+    "NodeMaintaining",
+    "QueueFull",
+    "RestockResult",
+    "StockError",
+    "StockScripts",
+    "UnexpectedReply",
+    "UnknownSku",
+    "deducted_key",
+    "delay_key",
+    "drain_lock_key",
+    "maintaining_key",
+    "node_tag",
+    "offset_key",
+    "offsets_key",
+    "redo_cursor_key",
+    "redo_key",
+    "stock_key",
+    "term_key",
+]
+
+# --- keys -----------------------------------------------------------------------------------
+# Node keys end in "{node:N}"; queue keys add ":QUEUE" after the tag (same slot).
+
+# stock:{node:N} -> hash sku_id -> available quantity. No TTL. Owner: deduct.lua (minus) and
+# restock.lua (plus); rebuilt from the database by the node's maintenance.
+STOCK_PREFIX = "stock:"
+
+# deducted:{node:N} -> hash order_item_id -> redo-entry text, the deduction on record. No TTL
+# (cleared by maintenance). Owner: deduct.lua (idempotency); read by restock.lua (PAID rule).
+DEDUCTED_PREFIX = "deducted:"
+
+# term:{node:N} -> integer, the node's term. No TTL. Owner: the maintenance rebuild, which
+# bumps it; read by deduct.lua (stamped in entries) and restock.lua (WRONG_TERM).
+TERM_PREFIX = "term:"
+
+# maintaining:{node:N} -> flag present while the node is rebuilt. TTL: the maintenance window,
+# set by the maintenance job (its owner). Read by sync.lua and restock.lua.
+MAINTAINING_PREFIX = "maintaining:"
+
+# redo:{node:N}:QUEUE -> stream of {e = entry text, t = time_ms}. No TTL; trimming is the
+# maintenance job's. Owner: deduct.lua appends; sync.lua reads.
+REDO_PREFIX = "redo:"
+
+# redo-cursor:{node:N}:QUEUE -> hash {id, score}: last stream id synced and its delay score.
+# No TTL. Owner: sync.lua.
+REDO_CURSOR_PREFIX = "redo-cursor:"
+
+# offset:{node:N}:QUEUE -> integer, the queue's last handed-out offset. No TTL (a reset counter
+# would make restock.lua skip new entries as consumed). Owner: deduct.lua.
+OFFSET_PREFIX = "offset:"
+
+# offsets:{node:N}:QUEUE -> hash sku_id -> offset of the last entry restocked. No TTL. Owner:
+# restock.lua (idempotency: HAS_BEEN_CONSUMED).
+OFFSETS_PREFIX = "offsets:"
+
+# delay:{node:N}:QUEUE -> sorted set entry text -> due time in ms. No TTL. Owner: sync.lua adds,
+# restock.lua removes.
+DELAY_PREFIX = "delay:"
+
+# drain-lock:{node:N}:QUEUE -> the queue drainer's random token. TTL: the drainer's lease TTL,
+# renewed while it drains. Owner: the drainer (SET NX PX); checked by restock.lua. Not a
+# lease/ key: lease:{NAME} would put the whole name in the tag and the lock in another slot.
+DRAIN_LOCK_PREFIX = "drain-lock:"
+
+# The seed's numbers: unpaid orders are restocked after 10 minutes; a queue holding 100,000
+# entries stops syncing.
+DEFAULT_DELAY_MS = 10 * 60 * 1000
+DEFAULT_CAPACITY = 100_000
+
+
+def node_tag(redis_id: int) -> str:
+    """The hash tag shared by every key of node `redis_id`, braces included."""
+    if not isinstance(redis_id, int) or isinstance(redis_id, bool) or redis_id < 0:
+        raise ValueError(f"redis_id must be a non-negative integer, got {redis_id!r}")
+    return f"{{node:{redis_id}}}"
+
+
+def _queue(queue: str) -> str:
+    check_id("queue", queue)
+    if "{" in queue or "}" in queue:
+        raise ValueError(f"queue must not contain braces: {queue!r}")
+    return queue
+
+
+def stock_key(redis_id: int) -> str:
+    """The node's stock hash."""
+    return f"{STOCK_PREFIX}{node_tag(redis_id)}"
+
+
+def deducted_key(redis_id: int) -> str:
+    """The node's deductions on record."""
+    return f"{DEDUCTED_PREFIX}{node_tag(redis_id)}"
+
+
+def term_key(redis_id: int) -> str:
+    """The node's term."""
+    return f"{TERM_PREFIX}{node_tag(redis_id)}"
+
+
+def maintaining_key(redis_id: int) -> str:
+    """The node's maintenance flag."""
+    return f"{MAINTAINING_PREFIX}{node_tag(redis_id)}"
+
+
+def redo_key(redis_id: int, queue: str) -> str:
+    """The queue's redo-log stream."""
+    return f"{REDO_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+
+
+def redo_cursor_key(redis_id: int, queue: str) -> str:
+    """The queue's sync cursor."""
+    return f"{REDO_CURSOR_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+
+
+def offset_key(redis_id: int, queue: str) -> str:
+    """The queue's offset counter."""
+    return f"{OFFSET_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+
+
+def offsets_key(redis_id: int, queue: str) -> str:
+    """The queue's per-SKU restocked offsets."""
+    return f"{OFFSETS_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+
+
+def delay_key(redis_id: int, queue: str) -> str:
+    """The queue's delay queue."""
+    return f"{DELAY_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+
+
+def drain_lock_key(redis_id: int, queue: str) -> str:
+    """The queue's drain lock."""
+    return f"{DRAIN_LOCK_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+
+
+# --- scripts and reply codes ----------------------------------------------------------------
+
+
+def _load(name: str) -> str:
+    return (resources.files("tasks") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+DEDUCT = _load("deduct")
+SYNC = _load("sync")
+RESTOCK = _load("restock")
+
+OK = "OK"
+UNKNOWN_SKU = "UNKNOWN_SKU"
+BAD_QUANTITY = "BAD_QUANTITY"
+DUPLICATE = "DUPLICATE"
+INSUFFICIENT = "INSUFFICIENT"
+MAINTAINING = "MAINTAINING"
+FULL = "FULL"
+SUCCESS = "SUCCESS"
+LOCK_FAILED = "LOCK_FAILED"
+WRONG_TERM = "WRONG_TERM"
+HAS_BEEN_CONSUMED = "HAS_BEEN_CONSUMED"
+PAID = "PAID"
+
+
+class Action(enum.Enum):
+    """What the caller does about a reply code."""
+
+    DONE = "done"  # the call did (or had already done) its work
+    REJECTED = "rejected"  # refused for good: retrying the same call cannot succeed
+    RESTOCKED = "restocked"  # the entry's stock is back; entry removed
+    SKIPPED = "skipped"  # entry consumed without a stock change; entry removed
+    ABORT_BATCH = "abort_batch"  # node busy or queue full: stop, try again later
+    REACQUIRE = "reacquire"  # the drain lock is not ours: stop the batch, re-acquire first
+
+
+# The one mapping from reply code to action.
+ACTIONS: dict[str, Action] = {
+    OK: Action.DONE,
+    DUPLICATE: Action.DONE,
+    UNKNOWN_SKU: Action.REJECTED,
+    BAD_QUANTITY: Action.REJECTED,
+    INSUFFICIENT: Action.REJECTED,
+    MAINTAINING: Action.ABORT_BATCH,
+    FULL: Action.ABORT_BATCH,
+    SUCCESS: Action.RESTOCKED,
+    WRONG_TERM: Action.SKIPPED,
+    HAS_BEEN_CONSUMED: Action.SKIPPED,
+    PAID: Action.SKIPPED,
+    LOCK_FAILED: Action.REACQUIRE,
+}
+
+
+class StockError(Exception):
+    """Base of every refusal the stock scripts report."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.detail = detail
+
+
+class UnknownSku(StockError):
+    """The node has no such SKU."""
+
+
+class BadQuantity(StockError):
+    """The quantity is not an integer in 1..MAX_SKU_NUM."""
+
+
+class InsufficientStock(StockError):
+    """Fewer units left than asked for; nothing was deducted."""
+
+
+class NodeMaintaining(StockError):
+    """The node is being rebuilt; nothing was done. Try again after the window."""
+
+
+class QueueFull(StockError):
+    """The delay queue is at capacity; the redo log keeps the entries (backpressure)."""
+
+
+class LockNotHeld(StockError):
+    """The queue's drain lock does not hold this token (lost or never held); nothing done."""
+
+
+class UnexpectedReply(StockError):
+    """A reply no script is documented to give."""
+
+
+_ERRORS: dict[str, type[StockError]] = {
+    UNKNOWN_SKU: UnknownSku,
+    BAD_QUANTITY: BadQuantity,
+    INSUFFICIENT: InsufficientStock,
+    MAINTAINING: NodeMaintaining,
+    FULL: QueueFull,
+    LOCK_FAILED: LockNotHeld,
+}
+
+
+@dataclass(frozen=True)
+class Deduction:
+    """A deduction on record: `duplicate` when an earlier call had already made it."""
+
+    entry: RedoEntry
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class RestockResult:
+    """What restock.lua did with one entry."""
+
+    entry: RedoEntry
+    status: str
+    action: Action
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _raise_for(code: str, detail: str) -> None:
+    """Raise the exception of a refusal code; return for DONE/RESTOCKED/SKIPPED codes."""
+    action = ACTIONS.get(code)
+    if action is None:
+        raise UnexpectedReply(code, detail)
+    if action in (Action.REJECTED, Action.ABORT_BATCH, Action.REACQUIRE):
+        raise _ERRORS[code](code, detail)
+
+
+class StockScripts:
+    """deduct.lua, sync.lua and restock.lua registered on one client, behind typed wrappers.
+
+    Each public method checks its arguments, and its ``_do_*`` twin runs the script; callers
+    supply times (``time_ms``) so nothing here reads a clock.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.deduct_script = client.register_script(DEDUCT)
+        self.sync_script = client.register_script(SYNC)
+        self.restock_script = client.register_script(RESTOCK)
+
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """EVALSHA `script`; on NoScriptError load it once and EVALSHA again."""
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    # deduct ------------------------------------------------------------------------------
+
+    def deduct(
+        self, redis_id: int, queue: str, order_item_id: str, sku_id: str, qty: int,
+        time_ms: int, member_id: str,
+    ) -> Deduction:
+        """Take `qty` of `sku_id` for `order_item_id` once; return the deduction on record.
+
+        Raises UnknownSku, BadQuantity or InsufficientStock (nothing changed). A repeated call
+        for the same order item returns the original entry with ``duplicate=True``.
+        """
+        for field, value in (("order_item_id", order_item_id), ("sku_id", sku_id),
+                             ("member_id", member_id)):
+            check_id(field, value)
+        if not isinstance(time_ms, int) or time_ms < 0:
+            raise ValueError(f"time_ms must be a non-negative integer, got {time_ms!r}")
+        return self._do_deduct(redis_id, queue, order_item_id, sku_id, qty, time_ms, member_id)
+
+    def _do_deduct(
+        self, redis_id: int, queue: str, order_item_id: str, sku_id: str, qty: int,
+        time_ms: int, member_id: str,
+    ) -> Deduction:
+        keys = [stock_key(redis_id), deducted_key(redis_id), redo_key(redis_id, queue),
+                term_key(redis_id), offset_key(redis_id, queue)]
+        args: list[str | int] = [order_item_id, sku_id, str(qty), time_ms, member_id, queue,
+                                 redis_id, MAX_SKU_NUM]
+        code, detail = (_text(part) for part in self.run(self.deduct_script, keys, args))
+        _raise_for(code, detail)
+        return Deduction(entry=parse_entry(detail), duplicate=code == DUPLICATE)
+
+    # sync --------------------------------------------------------------------------------
+
+    def sync(
+        self, redis_id: int, queue: str, count: int = 100, capacity: int = DEFAULT_CAPACITY,
+        delay_ms: int = DEFAULT_DELAY_MS,
+    ) -> int:
+        """Move up to `count` redo-log entries into the delay queue; return how many moved.
+
+        Raises NodeMaintaining or QueueFull; the entries then stay in the log for a later call.
+        """
+        if count <= 0 or capacity <= 0 or delay_ms < 0:
+            raise ValueError("count and capacity must be positive, delay_ms non-negative")
+        keys = [redo_key(redis_id, queue), redo_cursor_key(redis_id, queue),
+                delay_key(redis_id, queue), maintaining_key(redis_id)]
+        code, detail = (_text(part) for part in
+                        self.run(self.sync_script, keys, [count, capacity, delay_ms]))
+        _raise_for(code, detail)
+        return int(detail)
+
+    # restock -----------------------------------------------------------------------------
+
+    def due(self, redis_id: int, queue: str, now_ms: int, limit: int = 100) -> list[RedoEntry]:
+        """The delay queue's entries due at `now_ms`, earliest first (MalformedEntry if bad)."""
+        members = self.client.zrangebyscore(delay_key(redis_id, queue), "-inf", now_ms,
+                                            start=0, num=limit)
+        return [parse_entry(member) for member in members]
+
+    def restock(
+        self, redis_id: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
+    ) -> list[RestockResult]:
+        """Apply `batch` of (entry, paid) in offset order; return one result per entry.
+
+        `paid` comes from the database. Raises NodeMaintaining or LockNotHeld when the whole
+        batch was refused (nothing changed).
+        """
+        for entry, _paid in batch:
+            if entry.redis_id != redis_id or entry.queue != queue:
+                raise MalformedEntry(f"entry of node {entry.redis_id} queue {entry.queue!r} "
+                                     f"in a batch of node {redis_id} queue {queue!r}")
+        if not batch:
+            return []
+        return self._do_restock(redis_id, queue, token,
+                                sorted(batch, key=lambda item: item[0].offset))
+
+    def _do_restock(
+        self, redis_id: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
+    ) -> list[RestockResult]:
+        keys = [maintaining_key(redis_id), drain_lock_key(redis_id, queue), term_key(redis_id),
+                offsets_key(redis_id, queue), stock_key(redis_id), deducted_key(redis_id),
+                delay_key(redis_id, queue)]
+        args: list[str | int] = [token]
+        for entry, paid in batch:
+            args += [format_entry(entry), entry.order_item_id, entry.sku_id, entry.sku_num,
+                     entry.offset, entry.term, "1" if paid else "0"]
+        statuses = [_text(s) for s in self.run(self.restock_script, keys, args)]
+        if len(statuses) != len(batch):
+            raise UnexpectedReply("BAD_REPLY", f"{len(statuses)} statuses for {len(batch)}")
+        _raise_for(statuses[0], f"batch of {len(batch)} on node {redis_id} queue {queue!r}")
+        results = []
+        for (entry, _paid), status in zip(batch, statuses, strict=True):
+            _raise_for(status, format_entry(entry))
+            results.append(RestockResult(entry=entry, status=status, action=ACTIONS[status]))
+        return results

@@ -1,0 +1,306 @@
+"""deduct.lua, sync.lua and restock.lua against a real private Redis: every reply code."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tasks.redolog import MAX_SKU_NUM, RedoEntry, format_entry, parse_entry
+from tasks.stock import (
+    ACTIONS,
+    DEFAULT_DELAY_MS,
+    HAS_BEEN_CONSUMED,
+    PAID,
+    SUCCESS,
+    WRONG_TERM,
+    Action,
+    BadQuantity,
+    InsufficientStock,
+    LockNotHeld,
+    NodeMaintaining,
+    QueueFull,
+    StockScripts,
+    UnknownSku,
+    deducted_key,
+    delay_key,
+    drain_lock_key,
+    maintaining_key,
+    offsets_key,
+    redo_cursor_key,
+    redo_key,
+    stock_key,
+    term_key,
+)
+from tests.support.redis_server import RedisServer
+
+NODE = 3
+QUEUE = "q1"
+T0 = 1_700_000_000_000
+TOKEN = "a" * 32
+
+
+@pytest.fixture
+def client(private_redis: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis(port=private_redis.port)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def scripts(client: redis.Redis) -> StockScripts:
+    client.hset(stock_key(NODE), mapping={"sku-a": 10, "sku-b": 5})
+    return StockScripts(client)
+
+
+def stock(client: redis.Redis, sku: str = "sku-a") -> int:
+    return int(client.hget(stock_key(NODE), sku) or 0)
+
+
+def deduct(scripts: StockScripts, order_item: str, qty: int = 2, sku: str = "sku-a",
+           time_ms: int = T0) -> RedoEntry:
+    return scripts.deduct(NODE, QUEUE, order_item, sku, qty, time_ms, "m-1").entry
+
+
+def queued(scripts: StockScripts, *order_items: str) -> list[RedoEntry]:
+    """Deduct for each order item, sync them all and take the drain lock."""
+    entries = [deduct(scripts, oi) for oi in order_items]
+    assert scripts.sync(NODE, QUEUE) == len(entries)
+    scripts.client.set(drain_lock_key(NODE, QUEUE), TOKEN)
+    return entries
+
+
+def in_delay_queue(client: redis.Redis, entry: RedoEntry) -> bool:
+    return client.zscore(delay_key(NODE, QUEUE), format_entry(entry)) is not None
+
+
+# --- deduct ---------------------------------------------------------------------------------
+
+
+def test_deduct_ok_records_the_entry(scripts: StockScripts, client: redis.Redis) -> None:
+    client.set(term_key(NODE), 4)
+    result = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 3, T0, "m-1")
+    assert not result.duplicate
+    assert result.entry == RedoEntry(order_item_id="oi-1", redis_id=NODE, queue=QUEUE, offset=1,
+                                     sku_id="sku-a", sku_num=3, time_ms=T0, term=4,
+                                     member_id="m-1")
+    assert stock(client) == 7
+    text = format_entry(result.entry)
+    assert client.hget(deducted_key(NODE), "oi-1") == text.encode()
+    [(_id, fields)] = client.xrange(redo_key(NODE, QUEUE))
+    assert fields == {b"e": text.encode(), b"t": str(T0).encode()}
+    assert deduct(scripts, "oi-2").offset == 2
+
+
+def test_deduct_unknown_sku(scripts: StockScripts, client: redis.Redis) -> None:
+    with pytest.raises(UnknownSku) as info:
+        deduct(scripts, "oi-1", sku="nope")
+    assert info.value.code == "UNKNOWN_SKU"
+    assert client.hget(stock_key(NODE), "nope") is None
+    assert client.xlen(redo_key(NODE, QUEUE)) == 0
+
+
+@pytest.mark.parametrize("qty", [0, -1, MAX_SKU_NUM + 1, 10**20])
+def test_deduct_bad_quantity(scripts: StockScripts, client: redis.Redis, qty: int) -> None:
+    with pytest.raises(BadQuantity):
+        deduct(scripts, "oi-1", qty=qty)
+    assert stock(client) == 10
+    assert client.hlen(deducted_key(NODE)) == 0
+
+
+@pytest.mark.parametrize("qty", ["1.5", "1e1", "0x2", " 2", ""])
+def test_deduct_script_refuses_non_decimal_quantity(
+    scripts: StockScripts, client: redis.Redis, qty: str
+) -> None:
+    keys = [stock_key(NODE), deducted_key(NODE), redo_key(NODE, QUEUE), term_key(NODE),
+            f"offset:{{node:{NODE}}}:{QUEUE}"]
+    reply = scripts.run(scripts.deduct_script, keys,
+                        ["oi-1", "sku-a", qty, T0, "m-1", QUEUE, NODE, MAX_SKU_NUM])
+    assert reply[0] == b"BAD_QUANTITY"
+    assert stock(client) == 10
+
+
+def test_deduct_duplicate_returns_the_stored_entry(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    first = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 3, T0, "m-1")
+    again = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 5, T0 + 1, "m-1")
+    assert again.duplicate and again.entry == first.entry
+    assert stock(client) == 7
+    assert client.xlen(redo_key(NODE, QUEUE)) == 1
+
+
+def test_deduct_insufficient(scripts: StockScripts, client: redis.Redis) -> None:
+    with pytest.raises(InsufficientStock) as info:
+        deduct(scripts, "oi-1", qty=11)
+    assert info.value.detail == "10"
+    assert stock(client) == 10
+    assert client.xlen(redo_key(NODE, QUEUE)) == 0
+
+
+def test_stock_never_goes_negative(scripts: StockScripts, client: redis.Redis) -> None:
+    rng = random.Random(2)
+    taken = 0
+    for i in range(200):
+        try:
+            taken += deduct(scripts, f"oi-{i}", qty=rng.randint(1, 4)).sku_num
+        except InsufficientStock:
+            pass
+        assert stock(client) >= 0
+    assert stock(client) == 10 - taken
+
+
+# --- sync -----------------------------------------------------------------------------------
+
+
+def test_sync_ok_moves_entries_once(scripts: StockScripts, client: redis.Redis) -> None:
+    entries = [deduct(scripts, f"oi-{i}", qty=1, time_ms=T0 + 10 * i) for i in range(3)]
+    assert scripts.sync(NODE, QUEUE, count=2) == 2
+    assert scripts.sync(NODE, QUEUE, count=2) == 1
+    assert scripts.sync(NODE, QUEUE) == 0
+    scores = client.zrange(delay_key(NODE, QUEUE), 0, -1, withscores=True)
+    assert scores == [(format_entry(e).encode(), float(e.time_ms + DEFAULT_DELAY_MS))
+                      for e in entries]
+    assert client.xlen(redo_key(NODE, QUEUE)) == 3
+    assert scripts.due(NODE, QUEUE, T0 + DEFAULT_DELAY_MS + 10) == entries[:2]
+
+
+def test_sync_scores_follow_offset_order_despite_clock_skew(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    late = deduct(scripts, "oi-1", time_ms=T0 + 5000)
+    early = deduct(scripts, "oi-2", time_ms=T0)
+    scripts.sync(NODE, QUEUE)
+    assert scripts.due(NODE, QUEUE, 2 * T0) == [late, early]
+
+
+def test_sync_maintaining(scripts: StockScripts, client: redis.Redis) -> None:
+    deduct(scripts, "oi-1")
+    client.set(maintaining_key(NODE), 1)
+    with pytest.raises(NodeMaintaining):
+        scripts.sync(NODE, QUEUE)
+    assert client.zcard(delay_key(NODE, QUEUE)) == 0
+    client.delete(maintaining_key(NODE))
+    assert scripts.sync(NODE, QUEUE) == 1
+
+
+def test_sync_full_leaves_entries_in_the_log(scripts: StockScripts, client: redis.Redis) -> None:
+    entries = [deduct(scripts, f"oi-{i}", qty=1) for i in range(3)]
+    assert scripts.sync(NODE, QUEUE, capacity=2) == 2
+    cursor = client.hgetall(redo_cursor_key(NODE, QUEUE))
+    with pytest.raises(QueueFull) as info:
+        scripts.sync(NODE, QUEUE, capacity=2)
+    assert info.value.detail == "2"
+    assert client.hgetall(redo_cursor_key(NODE, QUEUE)) == cursor
+    assert client.xlen(redo_key(NODE, QUEUE)) == 3
+    assert not in_delay_queue(client, entries[2])
+    client.zrem(delay_key(NODE, QUEUE), format_entry(entries[0]))
+    assert scripts.sync(NODE, QUEUE, capacity=2) == 1
+    assert in_delay_queue(client, entries[2])
+
+
+# --- restock --------------------------------------------------------------------------------
+
+
+def test_restock_success(scripts: StockScripts, client: redis.Redis) -> None:
+    a, b = queued(scripts, "oi-1", "oi-2")
+    assert stock(client) == 6
+    results = scripts.restock(NODE, QUEUE, TOKEN, [(b, False), (a, False)])
+    assert [(r.entry, r.status, r.action) for r in results] == [
+        (a, SUCCESS, Action.RESTOCKED), (b, SUCCESS, Action.RESTOCKED)]
+    assert stock(client) == 10
+    assert client.hget(offsets_key(NODE, QUEUE), "sku-a") == b"2"
+    assert client.zcard(delay_key(NODE, QUEUE)) == 0
+
+
+def test_restock_twice_changes_stock_once(scripts: StockScripts, client: redis.Redis) -> None:
+    [a] = queued(scripts, "oi-1")
+    assert scripts.restock(NODE, QUEUE, TOKEN, [(a, False)])[0].status == SUCCESS
+    [again] = scripts.restock(NODE, QUEUE, TOKEN, [(a, False)])
+    assert (again.status, again.action) == (HAS_BEEN_CONSUMED, Action.SKIPPED)
+    assert stock(client) == 10
+
+
+def test_restock_has_been_consumed_removes_the_entry(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    [a] = queued(scripts, "oi-1")
+    client.hset(offsets_key(NODE, QUEUE), "sku-a", a.offset)
+    [result] = scripts.restock(NODE, QUEUE, TOKEN, [(a, False)])
+    assert result.status == HAS_BEEN_CONSUMED
+    assert stock(client) == 8
+    assert not in_delay_queue(client, a)
+
+
+def test_restock_maintaining_aborts_the_batch(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    a, b = queued(scripts, "oi-1", "oi-2")
+    client.set(maintaining_key(NODE), 1)
+    with pytest.raises(NodeMaintaining):
+        scripts.restock(NODE, QUEUE, TOKEN, [(a, False), (b, False)])
+    assert stock(client) == 6
+    assert in_delay_queue(client, a) and in_delay_queue(client, b)
+
+
+@pytest.mark.parametrize("holder", [None, "b" * 32])
+def test_restock_lock_failed_aborts_the_batch(
+    scripts: StockScripts, client: redis.Redis, holder: str | None
+) -> None:
+    a, b = queued(scripts, "oi-1", "oi-2")
+    client.delete(drain_lock_key(NODE, QUEUE))
+    if holder:
+        client.set(drain_lock_key(NODE, QUEUE), holder)
+    with pytest.raises(LockNotHeld):
+        scripts.restock(NODE, QUEUE, TOKEN, [(a, False), (b, False)])
+    assert stock(client) == 6
+    assert in_delay_queue(client, a) and in_delay_queue(client, b)
+    assert ACTIONS["LOCK_FAILED"] is Action.REACQUIRE
+
+
+def test_restock_wrong_term_is_consumed(scripts: StockScripts, client: redis.Redis) -> None:
+    [a] = queued(scripts, "oi-1")
+    client.set(term_key(NODE), a.term + 1)
+    [result] = scripts.restock(NODE, QUEUE, TOKEN, [(a, False)])
+    assert (result.status, result.action) == (WRONG_TERM, Action.SKIPPED)
+    assert stock(client) == 8
+    assert not in_delay_queue(client, a)
+
+
+def test_restock_paid_same_entry_is_removed_without_restock(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    [a] = queued(scripts, "oi-1")
+    [result] = scripts.restock(NODE, QUEUE, TOKEN, [(a, True)])
+    assert (result.status, result.action) == (PAID, Action.SKIPPED)
+    assert stock(client) == 8
+    assert not in_delay_queue(client, a)
+
+
+def test_restock_paid_but_another_entry_on_record_restocks(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    [a] = queued(scripts, "oi-1")
+    other = parse_entry(client.hget(deducted_key(NODE), "oi-1") or b"")
+    client.hset(deducted_key(NODE), "oi-1",
+                format_entry(dataclasses.replace(other, offset=other.offset + 100)))
+    [result] = scripts.restock(NODE, QUEUE, TOKEN, [(a, True)])
+    assert result.status == SUCCESS
+    assert stock(client) == 10
+
+
+def test_restock_mixed_batch(scripts: StockScripts, client: redis.Redis) -> None:
+    a, b, c = queued(scripts, "oi-1", "oi-2", "oi-3")
+    results = scripts.restock(NODE, QUEUE, TOKEN, [(a, False), (b, True), (c, False)])
+    assert [r.status for r in results] == [SUCCESS, PAID, SUCCESS]
+    assert stock(client) == 8
+    assert client.zcard(delay_key(NODE, QUEUE)) == 0
+
+
+def test_every_reply_code_has_one_action() -> None:
+    codes = {"OK", "UNKNOWN_SKU", "BAD_QUANTITY", "DUPLICATE", "INSUFFICIENT", "MAINTAINING",
+             "FULL", "SUCCESS", "LOCK_FAILED", "WRONG_TERM", "HAS_BEEN_CONSUMED", "PAID"}
+    assert set(ACTIONS) == codes
