@@ -59,6 +59,7 @@ class Outcome:
     HANDED_OVER = "handed-over"  # stopped early on purpose; back to pending
     FENCED_OUT = "fenced-out"  # a newer holder took over; nothing of ours was written
     LOST = "lost"  # the lease was lost between batches
+    UNAVAILABLE = "db-unavailable"  # the database stayed away; left running for a takeover
 
 
 @dataclass
@@ -174,6 +175,12 @@ class PartitionRunner:
             self._release_to_pending(lease.fence)
             raise
         except Exception as exc:  # a bug or bad data in this partition fails it, not the others
+            if is_transient(exc):
+                # Still away after every retry: not the partition's fault, so it is not
+                # failed. The lease is released; the reconciler dispatches it again later.
+                log.warning("range %s part %s: database unavailable (%s); leaving it for later",
+                            self.job.name, self.part, type(exc).__name__)
+                return Outcome.UNAVAILABLE
             log.exception("range %s part %s failed", self.job.name, self.part)
             self._fail(lease.fence, exc)
             return Outcome.FAILED

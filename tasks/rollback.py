@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from celery import Task, current_task
@@ -171,6 +172,11 @@ rollback_finished = Signal(name="rollback_finished", providing_args={
     "task_id", "reason", "report"})
 
 # -- the journal table ------------------------------------------------------------------------
+
+
+# A step 'compensating' for longer than this is taken to be stuck under a runner that died
+# (left for an operator); a rollback then goes on with the older steps.
+STUCK_AFTER = 120.0
 
 
 class JournalState:
@@ -427,8 +433,8 @@ class Journal:
         `upto_id` limits it to rows with id <= upto_id (the sweeper's snapshot, so a new run
         that started after it is left alone); `attempt` to one attempt's rows.
         """
-        rows = self._read_steps(task_id, state=JournalState.RECORDED, upto_id=upto_id,
-                                attempt=attempt)
+        steps = self._read_steps(task_id, upto_id=upto_id, attempt=attempt)
+        rows = [r for r in steps if r.state == JournalState.RECORDED]
         if not rows:
             return RollbackReport(task_id, reason)
         sender = rows[0].task_name
@@ -436,7 +442,15 @@ class Journal:
                               seqs=[r.seq for r in rows])
         outcomes: list[StepOutcome] = []
         handed_over = False
-        for row in rows:
+        stuck_before = utcnow() - timedelta(seconds=STUCK_AFTER)
+        for row in steps:  # newest first, whatever their state
+            if row.state == JournalState.COMPENSATING and row.updated_at > stuck_before:
+                # Another runner is on this step, so it owns the ones below it too: going
+                # on would undo an older step before a newer one.
+                handed_over = True
+                break
+            if row.state != JournalState.RECORDED:
+                continue  # done, dead, or stuck under a runner that died (for an operator)
             if not self._claim(row.id):
                 handed_over = True
                 break
@@ -447,10 +461,11 @@ class Journal:
         rollback_finished.send(sender=sender, task_id=task_id, reason=reason, report=report)
         return report
 
-    def _read_steps(self, task_id: str, state: str, upto_id: int | None = None,
+    def _read_steps(self, task_id: str, state: str | None = None, upto_id: int | None = None,
                     attempt: int | None = None) -> list[Any]:
-        query = (select(JOURNAL).where(JOURNAL.c.task_id == task_id, JOURNAL.c.state == state)
-                 .order_by(JOURNAL.c.seq.desc()))
+        query = select(JOURNAL).where(JOURNAL.c.task_id == task_id).order_by(JOURNAL.c.seq.desc())
+        if state is not None:
+            query = query.where(JOURNAL.c.state == state)
         if upto_id is not None:
             query = query.where(JOURNAL.c.id <= upto_id)
         if attempt is not None:

@@ -273,3 +273,21 @@ def test_a_duplicate_delivery_while_the_partition_is_leased_exits_at_once(
     assert (row.status, row.claims, row.next_id) == (S.PENDING, 0, 1)
     assert counts(engine) == {0: 500}
     held.release()
+
+
+def test_a_database_that_stays_away_leaves_the_partition_for_later_not_failed(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
+) -> None:
+    seed_cm_data(engine, 300)
+
+    def unreachable(rows: Sequence[Row[Any]], ctx: Context) -> None:
+        raise OperationalError("UPDATE", {}, ConnectionError("server closed the connection"))
+
+    job = small(process=unreachable)
+    plan(sessions, redis_client, job)
+    assert runner(job, 0, sessions, leases).run() == Outcome.UNAVAILABLE
+    row = work(engine, 0)
+    assert row.status == S.RUNNING and row.error is None and row.next_id == 1
+    assert not redis_client.exists(f"lease:{{{job.lease_name(0)}}}")  # free for a takeover
+    assert runner(small(), 0, sessions, leases).run() == Outcome.DONE
+    assert counts(engine) == {1: 300}
