@@ -1,10 +1,15 @@
 """Every Redis key the lease package touches: prefixes, lifetimes and owners, in one place.
 
 The keys of one lease share the hash tag ``{NAME}`` (the braces are literal), so a lease's
-scripts touch a single Redis Cluster slot.
+scripts touch a single Redis Cluster slot. A name may instead start with its own hash tag,
+``{TAG}REST``: its keys are then ``lease:{TAG}REST``, ``fence:{TAG}REST``..., in the slot of
+every other key tagged ``{TAG}``, so a Lua script of the data the lease guards can check the
+lease token in the same call (the restock drainer's ``{node:3}:q1``).
 """
 
 from __future__ import annotations
+
+import re
 
 __all__ = [
     "FENCE_PREFIX",
@@ -45,34 +50,44 @@ WAKE_PREFIX = "lease-wake:"
 WAKE_TTL_MS = 1000
 
 
+# A name that carries its own hash tag: "{TAG}" first, then anything without braces.
+_TAGGED = re.compile(r"\{[^{}]+\}[^{}]*")
+
+
 def validate_name(name: str) -> str:
     """Return `name` if it can be a lease name, else raise ValueError.
 
-    Braces are refused: they would change the key's hash tag and split a lease's keys
-    across Redis Cluster slots.
+    A name either has no braces (its keys are tagged with the whole name) or starts with one
+    non-empty hash tag ``{TAG}`` and has no other brace. Any other brace would move some of
+    the lease's keys to another Redis Cluster slot.
     """
     if not isinstance(name, str) or not name:
         raise ValueError("a lease name must be a non-empty string")
-    if "{" in name or "}" in name:
-        raise ValueError(f"a lease name must not contain braces: {name!r}")
+    if ("{" in name or "}" in name) and not _TAGGED.fullmatch(name):
+        raise ValueError(f"a lease name must have no braces, or start with one hash tag "
+                         f"'{{TAG}}' and have no other: {name!r}")
     return name
+
+
+def _tagged(name: str) -> str:
+    return name if name[0] == "{" else f"{{{name}}}"
 
 
 def lease_key(name: str) -> str:
     """The key holding the token of lease `name`."""
-    return f"{LEASE_PREFIX}{{{name}}}"
+    return LEASE_PREFIX + _tagged(name)
 
 
 def fence_key(name: str) -> str:
     """The key holding the fencing counter of lease `name`."""
-    return f"{FENCE_PREFIX}{{{name}}}"
+    return FENCE_PREFIX + _tagged(name)
 
 
 def waiting_key(name: str) -> str:
     """The flag telling a release of lease `name` that someone may be waiting for it."""
-    return f"{WAITING_PREFIX}{{{name}}}"
+    return WAITING_PREFIX + _tagged(name)
 
 
 def wake_key(name: str) -> str:
     """The list a release of lease `name` pushes a wake marker to."""
-    return f"{WAKE_PREFIX}{{{name}}}"
+    return WAKE_PREFIX + _tagged(name)

@@ -189,6 +189,9 @@ def test_on_lost_runs_at_once_when_already_lost_and_logs_failures(
         ("", {}),
         ("has{brace", {}),
         ("has}brace", {}),
+        ("{}empty-tag", {}),
+        ("{tag}then{more}", {}),
+        ("x{tag}", {}),
         ("ok", {"ttl": 0.001}),
         ("ok", {"ttl": float("nan")}),
         ("ok", {"timeout": 1.0}),  # a timeout needs blocking=True
@@ -273,3 +276,16 @@ def test_a_fence_floor_lifts_a_lost_counter_past_every_used_fence(
         assert leases.acquire("floor:demo", ttl=5.0, fence_floor=3).fence == 43  # never lowered
     finally:
         leases.close()
+
+
+def test_a_name_may_carry_its_own_hash_tag(leases: Leases, redis_client: redis.Redis) -> None:
+    """`{node:3}:q1` puts the lease in the slot of the other `{node:3}` keys."""
+    lease = leases.acquire("{node:3}:q1", ttl=5.0)
+    assert redis_client.get("lease:{node:3}:q1") == lease.token.encode()
+    assert int(redis_client.get("fence:{node:3}:q1") or 0) == lease.fence
+    assert lease_key("{node:3}:q1") == "lease:{node:3}:q1"
+    assert waiting_key("{node:3}:q1") == "lease-waiting:{node:3}:q1"
+    assert wake_key("{node:3}:q1") == "lease-wake:{node:3}:q1"
+    assert leases.current_fence("{node:3}:q1") == lease.fence
+    lease.release()
+    assert redis_client.exists("lease:{node:3}:q1") == 0
