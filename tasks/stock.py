@@ -7,6 +7,13 @@ into per-queue redo logs, each drained through its own delay queue::
     deduct.lua   stock -= qty, record the deduction, append a redo-log entry
     sync.lua     redo log -> delay queue (sorted set scored by due time)
     restock.lua  due entries of unpaid orders -> stock += qty, exactly once per entry
+    discard.lua  remove dead-lettered entries from the delay queue (drainer only)
+    rebuild.lua  maintenance: stock from the database, a new term, pending items re-issued
+
+Two leases of the ``lease`` package guard a node, named with the node's hash tag so their
+keys share its slot and the scripts can check them: ``{node:N}:drain:QUEUE`` (the queue's one
+drainer) and ``{node:N}:maintenance`` (the rebuilder; while it exists the node is in its
+maintenance window and every other script refuses).
 
 Every reply code maps to one :class:`Action` in :data:`ACTIONS`, and the wrappers of
 :class:`StockScripts` turn codes into results or exceptions; nothing else reads raw replies.
@@ -15,7 +22,7 @@ Every reply code maps to one :class:`Action` in :data:`ACTIONS`, and the wrapper
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -23,6 +30,7 @@ from typing import Any
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from lease.keys import lease_key
 from tasks.redolog import (
     MAX_SKU_NUM,
     MalformedEntry,
@@ -36,18 +44,20 @@ __all__ = [
     "ACTIONS",
     "BAD_QUANTITY",
     "DEDUCT",
+    "ATTEMPTS_PREFIX",
     "DEDUCTED_PREFIX",
+    "DISCARD",
+    "META_PREFIX",
+    "REBUILD",
     "DEFAULT_CAPACITY",
     "DEFAULT_DELAY_MS",
     "DELAY_PREFIX",
-    "DRAIN_LOCK_PREFIX",
     "DUPLICATE",
     "FULL",
     "HAS_BEEN_CONSUMED",
     "INSUFFICIENT",
     "LOCK_FAILED",
     "MAINTAINING",
-    "MAINTAINING_PREFIX",
     "OFFSETS_PREFIX",
     "OFFSET_PREFIX",
     "OK",
@@ -68,12 +78,17 @@ __all__ = [
     "LockNotHeld",
     "NodeMaintaining",
     "QueueFull",
+    "Reissue",
     "RestockResult",
     "StockError",
     "StockScripts",
     "UnexpectedReply",
     "UnknownSku",
+    "attempts_key",
     "deducted_key",
+    "drain_lease_name",
+    "maintenance_lease_name",
+    "meta_key",
     "delay_key",
     "drain_lock_key",
     "maintaining_key",
@@ -93,17 +108,25 @@ __all__ = [
 # restock.lua (plus); rebuilt from the database by the node's maintenance.
 STOCK_PREFIX = "stock:"
 
-# deducted:{node:N} -> hash order_item_id -> redo-entry text, the deduction on record. No TTL
-# (cleared by maintenance). Owner: deduct.lua (idempotency); read by restock.lua (PAID rule).
+# deducted:{node:N} -> hash order_item_id -> redo-entry text, the deduction on record. No TTL:
+# it makes a retried deduction a no-op for as long as the node lives. Owner: deduct.lua;
+# rebuild.lua replaces the record of each re-issued item; read by restock.lua (PAID rule).
 DEDUCTED_PREFIX = "deducted:"
 
 # term:{node:N} -> integer, the node's term. No TTL. Owner: the maintenance rebuild, which
 # bumps it; read by deduct.lua (stamped in entries) and restock.lua (WRONG_TERM).
 TERM_PREFIX = "term:"
 
-# maintaining:{node:N} -> flag present while the node is rebuilt. TTL: the maintenance window,
-# set by the maintenance job (its owner). Read by sync.lua and restock.lua.
-MAINTAINING_PREFIX = "maintaining:"
+# meta:{node:N} -> hash {next_maintain_ms, rebuilt_ms}: when the node's next maintenance
+# window opens and when the last rebuild finished. No TTL. Owner: tasks.maintenance; a node
+# without it (new, or restarted empty) is rebuilt at once.
+META_PREFIX = "meta:"
+
+# lease:{node:N}:maintenance (lease package) exists while the node is in its maintenance
+# window; deduct, sync, restock and discard refuse then. TTL: the rebuilder's lease TTL,
+# renewed while it makes progress. Owner: tasks.maintenance; rebuild.lua checks its token.
+# lease:{node:N}:drain:QUEUE (lease package): the queue drainer's token. TTL: the drainer's
+# lease TTL. Owner: tasks.drain; restock.lua and discard.lua check it.
 
 # redo:{node:N}:QUEUE -> stream of {e = entry text, t = time_ms}. No TTL; trimming is the
 # maintenance job's. Owner: deduct.lua appends; sync.lua reads.
@@ -125,10 +148,9 @@ OFFSETS_PREFIX = "offsets:"
 # restock.lua removes.
 DELAY_PREFIX = "delay:"
 
-# drain-lock:{node:N}:QUEUE -> the queue drainer's random token. TTL: the drainer's lease TTL,
-# renewed while it drains. Owner: the drainer (SET NX PX); checked by restock.lua. Not a
-# lease/ key: lease:{NAME} would put the whole name in the tag and the lock in another slot.
-DRAIN_LOCK_PREFIX = "drain-lock:"
+# drain-attempts:{node:N}:QUEUE -> hash member -> failed attempts at restocking it. No TTL;
+# discard.lua deletes a member's count with the member. Owner: tasks.drain.
+ATTEMPTS_PREFIX = "drain-attempts:"
 
 # The seed's numbers: unpaid orders are restocked after 10 minutes; a queue holding 100,000
 # entries stops syncing.
@@ -165,9 +187,24 @@ def term_key(redis_id: int) -> str:
     return f"{TERM_PREFIX}{node_tag(redis_id)}"
 
 
+def meta_key(redis_id: int) -> str:
+    """The node's maintenance schedule."""
+    return f"{META_PREFIX}{node_tag(redis_id)}"
+
+
+def maintenance_lease_name(redis_id: int) -> str:
+    """The name of the node's maintenance lease (lease package)."""
+    return f"{node_tag(redis_id)}:maintenance"
+
+
+def drain_lease_name(redis_id: int, queue: str) -> str:
+    """The name of the queue drainer's lease (lease package)."""
+    return f"{node_tag(redis_id)}:drain:{_queue(queue)}"
+
+
 def maintaining_key(redis_id: int) -> str:
-    """The node's maintenance flag."""
-    return f"{MAINTAINING_PREFIX}{node_tag(redis_id)}"
+    """The key that exists while the node is in maintenance: its maintenance lease."""
+    return lease_key(maintenance_lease_name(redis_id))
 
 
 def redo_key(redis_id: int, queue: str) -> str:
@@ -196,8 +233,13 @@ def delay_key(redis_id: int, queue: str) -> str:
 
 
 def drain_lock_key(redis_id: int, queue: str) -> str:
-    """The queue's drain lock."""
-    return f"{DRAIN_LOCK_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+    """The key holding the queue drainer's lease token."""
+    return lease_key(drain_lease_name(redis_id, queue))
+
+
+def attempts_key(redis_id: int, queue: str) -> str:
+    """The queue's failed-attempt counts."""
+    return f"{ATTEMPTS_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
 
 
 # --- scripts and reply codes ----------------------------------------------------------------
@@ -210,6 +252,8 @@ def _load(name: str) -> str:
 DEDUCT = _load("deduct")
 SYNC = _load("sync")
 RESTOCK = _load("restock")
+DISCARD = _load("discard")
+REBUILD = _load("rebuild")
 
 OK = "OK"
 UNKNOWN_SKU = "UNKNOWN_SKU"
@@ -243,7 +287,7 @@ ACTIONS: dict[str, Action] = {
     UNKNOWN_SKU: Action.REJECTED,
     BAD_QUANTITY: Action.REJECTED,
     INSUFFICIENT: Action.REJECTED,
-    MAINTAINING: Action.ABORT_BATCH,
+    MAINTAINING: Action.ABORT_BATCH,  # also: deduct refused; retry after the window
     FULL: Action.ABORT_BATCH,
     SUCCESS: Action.RESTOCKED,
     WRONG_TERM: Action.SKIPPED,
@@ -342,6 +386,8 @@ class StockScripts:
         self.deduct_script = client.register_script(DEDUCT)
         self.sync_script = client.register_script(SYNC)
         self.restock_script = client.register_script(RESTOCK)
+        self.discard_script = client.register_script(DISCARD)
+        self.rebuild_script = client.register_script(REBUILD)
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """EVALSHA `script`; on NoScriptError load it once and EVALSHA again."""
@@ -359,7 +405,8 @@ class StockScripts:
     ) -> Deduction:
         """Take `qty` of `sku_id` for `order_item_id` once; return the deduction on record.
 
-        Raises UnknownSku, BadQuantity or InsufficientStock (nothing changed). A repeated call
+        Raises UnknownSku, BadQuantity, InsufficientStock or NodeMaintaining (nothing
+        changed). A repeated call
         for the same order item returns the original entry with ``duplicate=True``.
         """
         for field, value in (("order_item_id", order_item_id), ("sku_id", sku_id),
@@ -374,7 +421,7 @@ class StockScripts:
         time_ms: int, member_id: str,
     ) -> Deduction:
         keys = [stock_key(redis_id), deducted_key(redis_id), redo_key(redis_id, queue),
-                term_key(redis_id), offset_key(redis_id, queue)]
+                term_key(redis_id), offset_key(redis_id, queue), maintaining_key(redis_id)]
         args: list[str | int] = [order_item_id, sku_id, str(qty), time_ms, member_id, queue,
                                  redis_id, MAX_SKU_NUM]
         code, detail = (_text(part) for part in self.run(self.deduct_script, keys, args))
@@ -444,3 +491,59 @@ class StockScripts:
             _raise_for(status, format_entry(entry))
             results.append(RestockResult(entry=entry, status=status, action=ACTIONS[status]))
         return results
+
+    # discard -----------------------------------------------------------------------------
+
+    def discard(self, redis_id: int, queue: str, token: str, members: Sequence[str]
+                ) -> int:
+        """Remove dead-lettered `members` from the delay queue; return how many were there.
+
+        Raises LockNotHeld (nothing removed) unless `token` holds the queue's drain lease.
+        """
+        if not members:
+            return 0
+        keys = [drain_lock_key(redis_id, queue), delay_key(redis_id, queue),
+                attempts_key(redis_id, queue)]
+        code, detail = (_text(part) for part in
+                        self.run(self.discard_script, keys, [token, *members]))
+        _raise_for(code, f"discard on node {redis_id} queue {queue!r}")
+        return int(detail)
+
+    # rebuild -----------------------------------------------------------------------------
+
+    def rebuild(
+        self, redis_id: int, queues: Sequence[str], token: str, term: int,
+        stock: Iterable[tuple[str, int]], reissue: Iterable[Reissue],
+    ) -> list[RedoEntry]:
+        """Set the node's term, write `stock`, re-issue `reissue` in the new term.
+
+        One chunk of a rebuild; raises LockNotHeld (nothing changed) unless `token` holds the
+        node's maintenance lease. Returns the re-issued entries.
+        """
+        index = {queue: q for q, queue in enumerate(queues)}
+        keys = [maintaining_key(redis_id), stock_key(redis_id), term_key(redis_id),
+                deducted_key(redis_id)]
+        for queue in queues:
+            keys += [redo_key(redis_id, queue), offset_key(redis_id, queue)]
+        pairs = [(check_id("sku_id", sku), int(qty)) for sku, qty in stock]
+        args: list[str | int] = [token, term, redis_id, len(pairs)]
+        for sku, qty in pairs:
+            args += [sku, qty]
+        for item in reissue:
+            args += [index[item.queue], item.queue, item.order_item_id, item.sku_id,
+                     item.qty, item.time_ms, item.member_id]
+        reply = [_text(part) for part in self.run(self.rebuild_script, keys, args)]
+        _raise_for(reply[0], f"rebuild of node {redis_id}")
+        return [parse_entry(entry) for entry in reply[1:]]
+
+
+@dataclass(frozen=True)
+class Reissue:
+    """An order item that still holds stock unpaid when its node is rebuilt."""
+
+    queue: str
+    order_item_id: str
+    sku_id: str
+    qty: int
+    time_ms: int
+    member_id: str

@@ -5,16 +5,22 @@
 -- KEYS[3]  redo:{node:N}:QUEUE       stream, one message {e = entry text, t = time_ms} per deduction
 -- KEYS[4]  term:{node:N}             integer, the node's current term (missing: 0)
 -- KEYS[5]  offset:{node:N}:QUEUE     integer counter, the queue's last offset
+-- KEYS[6]  lease:{node:N}:maintenance exists while the node is being rebuilt
 -- ARGV[1]  order_item_id   ARGV[2] sku_id   ARGV[3] qty   ARGV[4] time_ms   ARGV[5] member_id
 -- ARGV[6]  queue           ARGV[7] redis_id (N)          ARGV[8] max_qty (redolog.MAX_SKU_NUM)
 --
 -- Returns {'OK', entry}            deducted; entry is the new redo-log entry text
+--         {'MAINTAINING', ''}      the node is being rebuilt: nothing changes, try again later
 --         {'BAD_QUANTITY', qty}    qty is not a decimal integer in 1..max_qty
 --         {'DUPLICATE', entry}     this order item was already deducted: the stored entry, no change
 --         {'UNKNOWN_SKU', sku}     no such SKU on this node
 --         {'INSUFFICIENT', stock}  fewer than qty left; nothing changes
 -- DUPLICATE is checked before the SKU and the stock, so a retried deduction always gets its
--- original entry back, even after the stock ran out.
+-- original entry back, even after the stock ran out. A deduction during maintenance would race
+-- the rebuild's recount of the stock, so none happens then.
+if redis.call('EXISTS', KEYS[6]) == 1 then
+    return {'MAINTAINING', ''}
+end
 local qty_text = ARGV[3]
 if not string.match(qty_text, '^[1-9][0-9]*$') or #qty_text > 15
         or tonumber(qty_text) > tonumber(ARGV[8]) then

@@ -1,7 +1,7 @@
 -- Return the stock of a batch of due delay-queue entries of one queue (seed 002).
 --
--- KEYS[1]  maintaining:{node:N}       exists while the node is being rebuilt
--- KEYS[2]  drain-lock:{node:N}:QUEUE  the queue's drainer token
+-- KEYS[1]  lease:{node:N}:maintenance  exists while the node is being rebuilt
+-- KEYS[2]  lease:{node:N}:drain:QUEUE   the queue drainer's lease token (lease package)
 -- KEYS[3]  term:{node:N}              the node's current term (missing: 0)
 -- KEYS[4]  offsets:{node:N}:QUEUE     hash sku_id -> offset of the last entry applied
 -- KEYS[5]  stock:{node:N}             hash sku_id -> available quantity
@@ -15,7 +15,7 @@
 --
 -- Returns one status per entry, in order:
 --   'MAINTAINING'        node in maintenance: nothing done for any entry (abort the batch)
---   'LOCK_FAILED'        drain lock not held by token: nothing done (abort, re-acquire)
+--   'LOCK_FAILED'        drain lease not held by token: nothing done (abort, re-acquire)
 --   'WRONG_TERM'         entry from an older term (the rebuild already counted it): removed
 --   'HAS_BEEN_CONSUMED'  offset not above the SKU's stored offset: removed, no stock change
 --   'PAID'               paid, and the deduction on record is this entry: removed, no change

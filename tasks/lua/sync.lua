@@ -8,7 +8,7 @@
 -- KEYS[1]  redo:{node:N}:QUEUE         stream written by deduct.lua ({e = entry, t = time_ms})
 -- KEYS[2]  redo-cursor:{node:N}:QUEUE  hash {id = last synced stream id, score = its score}
 -- KEYS[3]  delay:{node:N}:QUEUE        sorted set entry -> due time in ms
--- KEYS[4]  maintaining:{node:N}        exists while the node is being rebuilt
+-- KEYS[4]  lease:{node:N}:maintenance  exists while the node is being rebuilt
 -- ARGV[1]  count      most entries to move in this call
 -- ARGV[2]  capacity   the delay queue refuses new entries once it holds this many
 -- ARGV[3]  delay_ms   due time = entry time + delay_ms
@@ -20,6 +20,9 @@
 -- restock.lua skips an entry whose offset is not above the SKU's stored offset, so an entry
 -- must never become due after a later entry of the same queue, whatever the callers' clocks.
 -- ZADD of an entry already queued is a no-op, so re-running a sync after a crash is harmless.
+-- A message without an entry (written by something else than deduct.lua) is queued as
+-- 'MALFORMED:<stream id>' and one without a time is due at once: the drainer's parser then
+-- dead-letters it, so a bad message neither blocks the log nor vanishes.
 if redis.call('EXISTS', KEYS[4]) == 1 then
     return {'MAINTAINING', 0}
 end
@@ -41,7 +44,8 @@ for _, message in ipairs(messages) do
             time_ms = tonumber(fields[i + 1])
         end
     end
-    local score = math.max(time_ms + delay, last_score + 1)
+    entry = entry or ('MALFORMED:' .. message[1])
+    local score = math.max((time_ms or 0) + delay, last_score + 1)
     redis.call('ZADD', KEYS[3], string.format('%d', score), entry)
     last_score = score
     cursor = message[1]

@@ -23,8 +23,10 @@ from tasks.stock import (
     LockNotHeld,
     NodeMaintaining,
     QueueFull,
+    Reissue,
     StockScripts,
     UnknownSku,
+    attempts_key,
     deducted_key,
     delay_key,
     drain_lock_key,
@@ -116,7 +118,7 @@ def test_deduct_script_refuses_non_decimal_quantity(
     scripts: StockScripts, client: redis.Redis, qty: str
 ) -> None:
     keys = [stock_key(NODE), deducted_key(NODE), redo_key(NODE, QUEUE), term_key(NODE),
-            f"offset:{{node:{NODE}}}:{QUEUE}"]
+            f"offset:{{node:{NODE}}}:{QUEUE}", maintaining_key(NODE)]
     reply = scripts.run(scripts.deduct_script, keys,
                         ["oi-1", "sku-a", qty, T0, "m-1", QUEUE, NODE, MAX_SKU_NUM])
     assert reply[0] == b"BAD_QUANTITY"
@@ -304,3 +306,75 @@ def test_every_reply_code_has_one_action() -> None:
     codes = {"OK", "UNKNOWN_SKU", "BAD_QUANTITY", "DUPLICATE", "INSUFFICIENT", "MAINTAINING",
              "FULL", "SUCCESS", "LOCK_FAILED", "WRONG_TERM", "HAS_BEEN_CONSUMED", "PAID"}
     assert set(ACTIONS) == codes
+
+
+def test_deduct_refused_during_maintenance(scripts: StockScripts, client: redis.Redis) -> None:
+    client.set(maintaining_key(NODE), "rebuilder")
+    with pytest.raises(NodeMaintaining):
+        deduct(scripts, "oi-m")
+    assert stock(client) == 10
+    assert client.xlen(redo_key(NODE, QUEUE)) == 0
+    client.delete(maintaining_key(NODE))
+    assert deduct(scripts, "oi-m").sku_num == 2
+
+
+def test_sync_queues_a_message_without_entry_as_malformed(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    """A message deduct.lua did not write neither blocks the log nor vanishes."""
+    bad_id = client.xadd(redo_key(NODE, QUEUE), {"x": "junk"}).decode()
+    client.xadd(redo_key(NODE, QUEUE), {"e": "not:an:entry", "t": "soon"})
+    good = deduct(scripts, "oi-after")
+    assert scripts.sync(NODE, QUEUE) == 3
+    members = [m.decode() for m in client.zrange(delay_key(NODE, QUEUE), 0, -1)]
+    assert members == [f"MALFORMED:{bad_id}", "not:an:entry", format_entry(good)]
+
+
+def test_discard_removes_only_for_the_lease_holder(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    (entry,) = queued(scripts, "oi-d")
+    member = format_entry(entry)
+    client.hset(attempts_key(NODE, QUEUE), member, 2)
+    with pytest.raises(LockNotHeld):
+        scripts.discard(NODE, QUEUE, "b" * 32, [member])
+    assert in_delay_queue(client, entry)
+    assert scripts.discard(NODE, QUEUE, TOKEN, [member, "absent"]) == 1
+    assert not in_delay_queue(client, entry)
+    assert client.hget(attempts_key(NODE, QUEUE), member) is None
+    assert scripts.discard(NODE, QUEUE, TOKEN, []) == 0
+
+
+def test_rebuild_sets_stock_and_term_and_reissues(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    old = deduct(scripts, "oi-r", qty=3)
+    client.set(maintaining_key(NODE), "maint")
+    item = Reissue(queue=QUEUE, order_item_id="oi-r", sku_id="sku-a", qty=3, time_ms=T0,
+                   member_id="m-1")
+    (new,) = scripts.rebuild(NODE, [QUEUE], "maint", 7, [("sku-a", 4), ("sku-c", 9)], [item])
+    assert int(client.get(term_key(NODE)) or 0) == 7
+    assert stock(client) == 4 and stock(client, "sku-c") == 9
+    assert stock(client, "sku-b") == 5  # SKUs the rebuild did not name are left alone
+    assert (new.term, new.offset, new.time_ms, new.sku_num) == (7, old.offset + 1, T0, 3)
+    assert client.hget(deducted_key(NODE), "oi-r") == format_entry(new).encode()
+    log = client.xrange(redo_key(NODE, QUEUE))
+    assert log[-1][1] == {b"e": format_entry(new).encode(), b"t": str(T0).encode()}
+    client.delete(maintaining_key(NODE))
+    # The old entry now meets WRONG_TERM; the re-issued one is restocked.
+    assert scripts.sync(NODE, QUEUE) == 2
+    client.set(drain_lock_key(NODE, QUEUE), TOKEN)
+    results = scripts.restock(NODE, QUEUE, TOKEN, [(old, False), (new, False)])
+    assert [r.status for r in results] == [WRONG_TERM, SUCCESS]
+    assert stock(client) == 7
+
+
+def test_rebuild_refused_without_the_maintenance_lease(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    with pytest.raises(LockNotHeld):
+        scripts.rebuild(NODE, [QUEUE], "maint", 7, [("sku-a", 1)], [])
+    client.set(maintaining_key(NODE), "someone-else")
+    with pytest.raises(LockNotHeld):
+        scripts.rebuild(NODE, [QUEUE], "maint", 7, [("sku-a", 1)], [])
+    assert stock(client) == 10 and client.get(term_key(NODE)) is None
