@@ -24,7 +24,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus", "utcnow", "affected",
            "WORK", "SCHEDULES", "CM_DATA", "WRITE_INTENT", "DeadLetter",
-           "DEAD_LETTERS"]
+           "DEAD_LETTERS", "ItemState", "Sku", "Order", "OrderItem", "Payment", "RestockNode",
+           "SKUS", "ORDERS", "ORDER_ITEMS", "PAYMENTS", "RESTOCK_NODES"]
 
 
 def utcnow() -> datetime:
@@ -134,8 +135,87 @@ class DeadLetter(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class ItemState:
+    """The life of an order item's stock. Only `reserving -> held -> paid`, `held -> released
+    -> restocked` and `reserving -> held | released | rejected` happen; each step is a
+    compare-and-set on the old state, so a payment and a restock never both win."""
+
+    RESERVING = "reserving"  # recorded; the Redis deduction may or may not have happened
+    HELD = "held"  # deducted in Redis, waiting for payment
+    PAID = "paid"  # paid: its stock is sold
+    RELEASED = "released"  # unpaid past the delay: the drainer gives the stock back
+    RESTOCKED = "restocked"  # the stock is back in Redis
+    REJECTED = "rejected"  # Redis refused the deduction (not enough stock): holds nothing
+
+    # States whose stock is out of Redis: the rebuild subtracts them from the total.
+    OUT = (HELD, PAID)
+    RETURNED = (RELEASED, RESTOCKED)
+
+
+class Sku(Base):
+    """A SKU and its total stock: the source of truth the rebuild recomputes Redis from."""
+
+    __tablename__ = "skus"
+
+    sku_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    redis_id: Mapped[int] = mapped_column(Integer)
+    total: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Order(Base):
+    __tablename__ = "orders"
+
+    order_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    member_id: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class OrderItem(Base):
+    """One line of an order: `qty` of `sku_id`, deducted on node `redis_id` into `queue`."""
+
+    __tablename__ = "order_items"
+
+    order_item_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    order_id: Mapped[str] = mapped_column(String(128), index=False)
+    sku_id: Mapped[str] = mapped_column(String(128))
+    qty: Mapped[int] = mapped_column(Integer)
+    redis_id: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default=ItemState.RESERVING)
+    # Wall-clock ms of the order: the redo entry's time, from which its delay runs.
+    time_ms: Mapped[int] = mapped_column(BigInteger)
+    entry: Mapped[str | None] = mapped_column(Text, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Payment(Base):
+    __tablename__ = "payments"
+
+    order_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    paid_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RestockNode(Base):
+    """A Redis node's term, kept in the database so it only grows even when the node restarts
+    empty."""
+
+    __tablename__ = "restock_nodes"
+
+    redis_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    term: Mapped[int] = mapped_column(BigInteger, default=0)
+    rebuilt_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    next_maintain_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
 # Core tables, for compare-and-set UPDATEs and bulk reads.
 WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
 CM_DATA = cast(Table, CmData.__table__)
 DEAD_LETTERS = cast(Table, DeadLetter.__table__)
+SKUS = cast(Table, Sku.__table__)
+ORDERS = cast(Table, Order.__table__)
+ORDER_ITEMS = cast(Table, OrderItem.__table__)
+PAYMENTS = cast(Table, Payment.__table__)
+RESTOCK_NODES = cast(Table, RestockNode.__table__)

@@ -46,6 +46,19 @@ class Settings:
     redelivery_cap: int = 5
     # A partition task hands its partition back after this long, to stay within time limits.
     range_slice: float = 300.0
+    # Restock: one Redis URL per stock node (node N is the N-th; default: REDIS_URL alone).
+    restock_redis_urls: tuple[str, ...] = ()
+    restock_queues: int = 2  # delay queues per node
+    restock_delay: float = 600.0  # an unpaid item's stock comes back after this long
+    restock_capacity: int = 100_000  # a delay queue holding this many stops syncing
+    restock_batch: int = 100  # due entries per restock script call
+    restock_interval: float = 5.0  # seconds between the sync/drain/rebuild jobs beat emits
+    maintenance_every: float = 3 * 3600.0  # a node's next maintenance window after a rebuild
+
+    @property
+    def restock_nodes(self) -> tuple[str, ...]:
+        """The Redis URL of every stock node, node 0 first."""
+        return self.restock_redis_urls or (self.redis_url,)
 
     def __post_init__(self) -> None:
         if self.soft_time_limit >= self.time_limit:
@@ -101,6 +114,19 @@ def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
+def _url_list(schemes: tuple[str, ...]) -> Callable[[str, str], tuple[str, ...]]:
+    one = _url(schemes)
+
+    def parse(name: str, raw: str) -> tuple[str, ...]:
+        urls = tuple(part.strip() for part in raw.split(","))
+        if any(not url for url in urls):
+            raise SettingsError(f"{name} must be a comma-separated list of URLs, "
+                                "with no empty entry")
+        return tuple(one(name, url) for url in urls)
+
+    return parse
+
+
 def _database_url(name: str, raw: str) -> str:
     try:
         make_url(raw)
@@ -134,6 +160,13 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "reconcile_interval": ("RECONCILE_INTERVAL", _positive(float)),
     "redelivery_cap": ("REDELIVERY_CAP", _positive(int)),
     "range_slice": ("RANGE_SLICE", _positive(float)),
+    "restock_redis_urls": ("RESTOCK_REDIS_URLS", _url_list(REDIS_SCHEMES)),
+    "restock_queues": ("RESTOCK_QUEUES", _positive(int)),
+    "restock_delay": ("RESTOCK_DELAY", _positive(float)),
+    "restock_capacity": ("RESTOCK_CAPACITY", _positive(int)),
+    "restock_batch": ("RESTOCK_BATCH", _positive(int)),
+    "restock_interval": ("RESTOCK_INTERVAL", _positive(float)),
+    "maintenance_every": ("MAINTENANCE_EVERY", _positive(float)),
 }
 
 

@@ -38,6 +38,13 @@ def test_one_redis_url_points_broker_and_backend_there_unless_overridden() -> No
          "VISIBILITY_TIMEOUT"),
         ({"VISIBILITY_TIMEOUT": "1.5"}, "VISIBILITY_TIMEOUT"),
         ({"REDELIVERY_CAP": "0"}, "REDELIVERY_CAP"),
+        ({"RESTOCK_REDIS_URLS": "redis://127.0.0.1:6379/0,"}, "RESTOCK_REDIS_URLS"),
+        ({"RESTOCK_REDIS_URLS": "redis://127.0.0.1:6379/0,http://x"}, "RESTOCK_REDIS_URLS"),
+        ({"RESTOCK_QUEUES": "0"}, "RESTOCK_QUEUES"),
+        ({"RESTOCK_DELAY": "-1"}, "RESTOCK_DELAY"),
+        ({"RESTOCK_CAPACITY": "many"}, "RESTOCK_CAPACITY"),
+        ({"RESTOCK_BATCH": "0"}, "RESTOCK_BATCH"),
+        ({"MAINTENANCE_EVERY": "0"}, "MAINTENANCE_EVERY"),
     ],
 )
 def test_bad_values_are_rejected_naming_the_variable(env: dict[str, str], names: str) -> None:
@@ -62,3 +69,11 @@ def test_errors_never_show_a_password() -> None:
 )
 def test_redact(url: str, shown: str) -> None:
     assert redact(url) == shown
+
+
+def test_restock_nodes_default_to_redis_url_and_parse_a_list() -> None:
+    assert load_settings({"REDIS_URL": "redis://127.0.0.1:6390/1"}).restock_nodes == (
+        "redis://127.0.0.1:6390/1",)
+    two = load_settings({"RESTOCK_REDIS_URLS": "redis://127.0.0.1:7001/0, redis://127.0.0.1:7002/0"})
+    assert two.restock_nodes == ("redis://127.0.0.1:7001/0", "redis://127.0.0.1:7002/0")
+    assert (two.restock_delay, two.restock_capacity, two.restock_batch) == (600.0, 100_000, 100)

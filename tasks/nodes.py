@@ -1,0 +1,42 @@
+"""The Redis stock nodes of the restock feature: one client, script set and lease manager each.
+
+Node N is the N-th URL of RESTOCK_REDIS_URLS (default: REDIS_URL alone). Its keys carry the
+hash tag ``{node:N}``, so several nodes may also share one Redis server or one Cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from lease import Leases
+from tasks.stock import StockScripts
+
+__all__ = ["StockNode", "connect_nodes"]
+
+
+@dataclass
+class StockNode:
+    """Everything that talks to Redis node `redis_id`."""
+
+    redis_id: int
+    client: Any
+    scripts: StockScripts
+    leases: Leases
+
+    @classmethod
+    def on(cls, redis_id: int, client: Any, leases: Leases | None = None) -> StockNode:
+        return cls(redis_id, client, StockScripts(client), leases or Leases(client))
+
+    def close(self) -> None:
+        self.leases.close()
+
+
+def connect_nodes(urls: Sequence[str], socket_timeout: float = 5.0) -> list[StockNode]:
+    """One StockNode per URL, node 0 first."""
+    return [StockNode.on(i, redis.Redis.from_url(url, socket_timeout=socket_timeout,
+                                                   socket_connect_timeout=socket_timeout))
+            for i, url in enumerate(urls)]

@@ -1,0 +1,374 @@
+"""Orders and their stock (seed 002): define SKUs, place orders, pay them, inspect a SKU.
+
+The database is the source of truth for SKUs' total stock, orders, order items and payments;
+Redis holds the stock that is free right now. Placing an order records its items first
+(state `reserving`), then deducts each one in Redis with deduct.lua (which appends the redo
+entry the drainer later restocks from), then records the outcome::
+
+    place_order   DB: items 'reserving'  ->  Redis: deduct.lua per item  ->  DB: 'held'
+    pay           DB: 'held' -> 'paid' for every item of the order, one transaction
+    drainer       DB: 'held' -> 'released' (unpaid past the delay)  ->  Redis: restock.lua
+
+Payment and release are compare-and-sets on the item's state, so for any item exactly one of
+them wins: a payment that comes after the release is refused (OrderExpired) and a release
+after the payment finds the item paid. Every step can be repeated: a retried place_order
+finds its items in the database and gets each deduction on record back from Redis.
+
+Routing: a SKU lives on one Redis node (crc32 of its id, modulo the nodes), so "never below
+zero" is one script on one node and a rebuild recomputes a SKU in one place. Within the node,
+the member id picks the delay queue (as the seed routes by member), spreading drain work.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from tasks.models import (
+    ORDER_ITEMS,
+    ORDERS,
+    PAYMENTS,
+    SKUS,
+    WRITE_INTENT,
+    ItemState,
+    utcnow,
+)
+from tasks.redolog import MAX_SKU_NUM, check_id, format_entry
+from tasks.stock import (
+    InsufficientStock,
+    NodeMaintaining,
+    StockScripts,
+    UnknownSku,
+    stock_key,
+)
+
+__all__ = [
+    "DuplicateOrderItem",
+    "InvalidOrder",
+    "ItemResult",
+    "OrderError",
+    "OrderExpired",
+    "OrderPending",
+    "Router",
+    "Shop",
+    "SkuView",
+    "StockUnavailable",
+    "UnknownOrder",
+    "wall_ms",
+]
+
+
+def wall_ms() -> int:
+    """Wall-clock milliseconds: redo entries carry this time, delays are measured from it."""
+    return time.time_ns() // 1_000_000
+
+
+class OrderError(ValueError):
+    """Bad input for an order or a payment; nothing was changed."""
+
+
+class InvalidOrder(OrderError):
+    """The order's arguments cannot be an order (empty, malformed, bad quantity)."""
+
+
+class DuplicateOrderItem(OrderError):
+    """An order item id is repeated, or already belongs to another order or another line."""
+
+
+class UnknownOrder(OrderError):
+    """No such order."""
+
+
+class OrderExpired(OrderError):
+    """The order was not paid in time: its stock went back, so it can no longer be paid."""
+
+
+class OrderPending(RuntimeError):
+    """Some item's deduction is not confirmed yet; retry once place_order has finished."""
+
+
+class StockUnavailable(RuntimeError):
+    """A stock node cannot take the deduction now (unreachable, in maintenance, or restarted
+    and not rebuilt yet); the item stays 'reserving' and a retry completes it."""
+
+
+@dataclass(frozen=True)
+class Router:
+    """Which Redis node holds a SKU, and which of the node's queues a member's items use."""
+
+    nodes: int
+    queues: int
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.queues < 1:
+            raise ValueError("a router needs at least one node and one queue")
+
+    def node_for(self, sku_id: str) -> int:
+        return zlib.crc32(sku_id.encode()) % self.nodes
+
+    def queue_for(self, member_id: str) -> str:
+        return f"q{zlib.crc32(member_id.encode()) % self.queues}"
+
+    def queue_names(self) -> list[str]:
+        return [f"q{i}" for i in range(self.queues)]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    order_item_id: str
+    sku_id: str
+    qty: int
+    state: str
+    entry: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class SkuView:
+    """A SKU's stock, in Redis and by the state of its order items (quantities)."""
+
+    sku_id: str
+    node: int
+    total: int
+    redis_stock: int | None
+    by_state: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def consistent(self) -> bool:
+        """At a quiet moment: free + held (incl. being released) + paid == total."""
+        out = sum(self.by_state.get(s, 0) for s in (ItemState.HELD, ItemState.PAID,
+                                                        ItemState.RESERVING))
+        return self.redis_stock is not None and self.redis_stock + out == self.total
+
+
+Line = tuple[str, str, int]
+
+
+def _lines(items: Any) -> list[Line]:
+    """Validate `items` ([[order_item_id, sku_id, qty], ...]) as task arguments arrive."""
+    if not isinstance(items, list | tuple) or not items:
+        raise InvalidOrder("items must be a non-empty list of [order_item_id, sku_id, qty]")
+    lines: list[Line] = []
+    for item in items:
+        if not isinstance(item, list | tuple) or len(item) != 3:
+            raise InvalidOrder(f"each item must be [order_item_id, sku_id, qty], got {item!r}")
+        order_item_id, sku_id, qty = item
+        try:
+            check_id("order_item_id", order_item_id)
+            check_id("sku_id", sku_id)
+        except ValueError as exc:
+            raise InvalidOrder(str(exc)) from None
+        if isinstance(qty, bool) or not isinstance(qty, int) or not 0 < qty <= MAX_SKU_NUM:
+            raise InvalidOrder(f"qty of {order_item_id} must be an integer in "
+                               f"1..{MAX_SKU_NUM}, got {qty!r}")
+        lines.append((order_item_id, sku_id, qty))
+    ids = [line[0] for line in lines]
+    if len(set(ids)) != len(ids):
+        raise DuplicateOrderItem(f"order item ids repeat within the order: {ids}")
+    return lines
+
+
+def _id(field_name: str, value: Any) -> str:
+    try:
+        return check_id(field_name, value)
+    except ValueError as exc:
+        raise InvalidOrder(str(exc)) from None
+
+
+class Shop:
+    """The restock feature's user-facing API. `nodes[i]` runs the scripts of Redis node i."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        nodes: Sequence[StockScripts],
+        router: Router,
+        clock_ms: Callable[[], int] = wall_ms,
+    ) -> None:
+        if len(nodes) != router.nodes:
+            raise ValueError(f"{len(nodes)} node clients for a router of {router.nodes} nodes")
+        self.sessions = sessions
+        self.nodes = list(nodes)
+        self.router = router
+        self.clock_ms = clock_ms
+
+    # SKUs --------------------------------------------------------------------------------
+
+    def define_sku(self, sku_id: str, total: int) -> int:
+        """Create SKU `sku_id` with `total` units (idempotent); return its node.
+
+        The database row comes first; the node's stock is set only if the node has none for
+        it yet (a rebuild writes it from the database anyway).
+        """
+        _id("sku_id", sku_id)
+        if isinstance(total, bool) or not isinstance(total, int) or not 0 <= total < 2**53:
+            raise InvalidOrder(f"total must be a non-negative integer, got {total!r}")
+        node = self.router.node_for(sku_id)
+        with self.sessions.begin() as session:
+            session.connection(execution_options=WRITE_INTENT)
+            found = session.execute(select(SKUS.c.total).where(SKUS.c.sku_id == sku_id)).first()
+            if found is None:
+                session.execute(insert(SKUS).values(sku_id=sku_id, redis_id=node, total=total,
+                                                    created_at=utcnow()))
+            elif found.total != total:
+                raise InvalidOrder(f"SKU {sku_id} already exists with total {found.total}")
+        self.nodes[node].client.hsetnx(stock_key(node), sku_id, total)
+        return node
+
+    # orders ------------------------------------------------------------------------------
+
+    def place_order(self, order_id: str, member_id: str, items: Any) -> list[ItemResult]:
+        """Deduct every line of order `order_id`; return each item's outcome.
+
+        An item ends 'held' (deducted; pay within the delay) or 'rejected' (not enough
+        stock). Raises OrderError for bad input or an unknown SKU (nothing changed), and
+        StockUnavailable when a node cannot deduct now: calling again finishes the order.
+        """
+        _id("order_id", order_id)
+        _id("member_id", member_id)
+        lines = _lines(items)
+        pending = self._record(order_id, member_id, lines)
+        outcomes: list[tuple[str, str, str | None, str | None]] = []
+        try:
+            for row in pending:
+                outcomes.append(self._deduct(row))
+        finally:
+            self._settle(outcomes)
+        return self._results(order_id)
+
+    def _record(self, order_id: str, member_id: str, lines: list[Line]) -> list[Any]:
+        """Insert the order and its new items; return the items still 'reserving'."""
+        ids = [line[0] for line in lines]
+        skus = sorted({line[1] for line in lines})
+        now, time_ms = utcnow(), self.clock_ms()
+        with self.sessions.begin() as session:
+            session.connection(execution_options=WRITE_INTENT)
+            known = set(session.execute(select(SKUS.c.sku_id).where(SKUS.c.sku_id.in_(skus)))
+                        .scalars())
+            if missing := [sku for sku in skus if sku not in known]:
+                raise UnknownSku("UNKNOWN_SKU", ", ".join(missing))
+            owner = session.execute(select(ORDERS.c.member_id)
+                                    .where(ORDERS.c.order_id == order_id)).scalar()
+            if owner is None:
+                session.execute(insert(ORDERS).values(order_id=order_id, member_id=member_id,
+                                                      created_at=now))
+            elif owner != member_id:
+                raise InvalidOrder(f"order {order_id} belongs to another member")
+            existing = {r.order_item_id: r for r in session.execute(
+                select(ORDER_ITEMS).where(ORDER_ITEMS.c.order_item_id.in_(ids)))}
+            new = []
+            for order_item_id, sku_id, qty in lines:
+                row = existing.get(order_item_id)
+                if row is None:
+                    new.append({"order_item_id": order_item_id, "order_id": order_id,
+                                "sku_id": sku_id, "qty": qty,
+                                "redis_id": self.router.node_for(sku_id),
+                                "queue": self.router.queue_for(member_id),
+                                "state": ItemState.RESERVING, "time_ms": time_ms,
+                                "updated_at": now})
+                elif (row.order_id, row.sku_id, row.qty) != (order_id, sku_id, qty):
+                    raise DuplicateOrderItem(
+                        f"order item {order_item_id} already exists as {row.qty} x "
+                        f"{row.sku_id} of order {row.order_id}")
+            if new:
+                session.execute(insert(ORDER_ITEMS), new)
+            return list(session.execute(
+                select(ORDER_ITEMS, ORDERS.c.member_id)
+                .join(ORDERS, ORDERS.c.order_id == ORDER_ITEMS.c.order_id)
+                .where(ORDER_ITEMS.c.order_item_id.in_(ids),
+                       ORDER_ITEMS.c.state == ItemState.RESERVING)
+                .order_by(ORDER_ITEMS.c.order_item_id)))
+
+    def _deduct(self, row: Any) -> tuple[str, str, str | None, str | None]:
+        """(order_item_id, new state, entry, reason) for one reserving item."""
+        scripts = self.nodes[row.redis_id]
+        try:
+            done = scripts.deduct(row.redis_id, row.queue, row.order_item_id, row.sku_id,
+                                  row.qty, row.time_ms, row.member_id)
+        except InsufficientStock as exc:
+            return row.order_item_id, ItemState.REJECTED, None, str(exc)
+        except NodeMaintaining as exc:
+            raise StockUnavailable(f"node {row.redis_id} is in maintenance: {exc}") from exc
+        except UnknownSku as exc:
+            # The database knows the SKU, so the node lost its stock (restarted empty): the
+            # node's next rebuild restores it.
+            raise StockUnavailable(f"node {row.redis_id} has no stock for {row.sku_id} until "
+                                   "its rebuild") from exc
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StockUnavailable(f"node {row.redis_id} is unreachable: {exc}") from exc
+        return row.order_item_id, ItemState.HELD, format_entry(done.entry), None
+
+    def _settle(self, outcomes: list[tuple[str, str, str | None, str | None]]) -> None:
+        if not outcomes:
+            return
+        with self.sessions.begin() as session:
+            for order_item_id, state, entry, reason in outcomes:
+                session.execute(
+                    update(ORDER_ITEMS)
+                    .where(ORDER_ITEMS.c.order_item_id == order_item_id,
+                           ORDER_ITEMS.c.state == ItemState.RESERVING)
+                    .values(state=state, entry=entry, reason=reason, updated_at=utcnow()))
+
+    def _results(self, order_id: str) -> list[ItemResult]:
+        with self.sessions() as session:
+            rows = session.execute(select(ORDER_ITEMS).where(ORDER_ITEMS.c.order_id == order_id)
+                                   .order_by(ORDER_ITEMS.c.order_item_id)).all()
+        return [ItemResult(r.order_item_id, r.sku_id, r.qty, r.state, r.entry, r.reason)
+                for r in rows]
+
+    # payments ----------------------------------------------------------------------------
+
+    def pay(self, order_id: str) -> list[ItemResult]:
+        """Pay order `order_id` (idempotent): every held item becomes 'paid', in one
+        transaction. Raises UnknownOrder, OrderPending, or OrderExpired once any item's
+        stock went back (nothing is paid then)."""
+        _id("order_id", order_id)
+        with self.sessions.begin() as session:
+            session.connection(execution_options=WRITE_INTENT)
+            states = list(session.execute(
+                select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.state)
+                .where(ORDER_ITEMS.c.order_id == order_id).with_for_update()))
+            if not states:
+                raise UnknownOrder(f"no order {order_id}")
+            already = session.execute(select(func.count()).select_from(PAYMENTS)
+                                      .where(PAYMENTS.c.order_id == order_id)).scalar()
+            if not already:
+                self._check_payable(order_id, [state for _, state in states])
+                session.execute(update(ORDER_ITEMS)
+                                .where(ORDER_ITEMS.c.order_id == order_id,
+                                       ORDER_ITEMS.c.state == ItemState.HELD)
+                                .values(state=ItemState.PAID, updated_at=utcnow()))
+                session.execute(insert(PAYMENTS).values(order_id=order_id, paid_at=utcnow()))
+        return self._results(order_id)
+
+    @staticmethod
+    def _check_payable(order_id: str, states: list[str]) -> None:
+        if ItemState.RESERVING in states:
+            raise OrderPending(f"order {order_id} still has deductions in flight")
+        if any(state in ItemState.RETURNED for state in states):
+            raise OrderExpired(f"order {order_id} was not paid in time; its stock went back")
+        if ItemState.HELD not in states:
+            raise OrderExpired(f"order {order_id} holds no stock to pay for")
+
+    # inspection --------------------------------------------------------------------------
+
+    def inspect(self, sku_id: str) -> SkuView:
+        """The SKU's free stock in Redis and its quantities by item state."""
+        _id("sku_id", sku_id)
+        with self.sessions() as session:
+            sku = session.execute(select(SKUS).where(SKUS.c.sku_id == sku_id)).first()
+            if sku is None:
+                raise UnknownSku("UNKNOWN_SKU", sku_id)
+            by_state = {state: int(qty) for state, qty in session.execute(
+                select(ORDER_ITEMS.c.state, func.sum(ORDER_ITEMS.c.qty))
+                .where(ORDER_ITEMS.c.sku_id == sku_id).group_by(ORDER_ITEMS.c.state))}
+        raw = self.nodes[sku.redis_id].client.hget(stock_key(sku.redis_id), sku_id)
+        return SkuView(sku_id, sku.redis_id, sku.total, None if raw is None else int(raw),
+                       by_state)

@@ -1,0 +1,147 @@
+"""Restock fixtures: two real redis-server nodes, a fresh database, an injected wall clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from tasks.drain import Drainer
+from tasks.maintenance import Rebuilder
+from tasks.models import ORDER_ITEMS, SKUS, ItemState
+from tasks.nodes import StockNode
+from tasks.shop import Router, Shop
+from tasks.stock import deducted_key, stock_key
+from tests.support.db import fresh_database
+from tests.support.redis_server import RedisServer
+
+T0 = 1_700_000_000_000
+DELAY_MS = 10_000
+QUEUES = 2
+
+
+class FakeClockMs:
+    """Wall-clock milliseconds that move only when told to."""
+
+    def __init__(self, now: int = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@dataclass
+class World:
+    """A shop on two Redis nodes, with one drainer and one rebuilder per node."""
+
+    sessions: sessionmaker[Session]
+    servers: list[RedisServer]
+    clock: FakeClockMs
+    capacity: int = 100_000
+    nodes: list[StockNode] = field(default_factory=list)
+    shop: Shop = field(init=False)
+    drainers: list[Drainer] = field(default_factory=list)
+    rebuilders: list[Rebuilder] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.router = Router(nodes=len(self.servers), queues=QUEUES)
+        self.connect()
+
+    def connect(self) -> None:
+        for node in self.nodes:
+            node.close()
+            node.client.close()
+        self.nodes = [StockNode.on(i, redis.Redis(port=s.port, socket_timeout=0.5,
+                                                  socket_connect_timeout=0.5))
+                      for i, s in enumerate(self.servers)]
+        self.shop = Shop(self.sessions, [n.scripts for n in self.nodes], self.router,
+                         clock_ms=self.clock)
+        self.drainers = [Drainer(self.sessions, n, batch=7, delay_ms=DELAY_MS,
+                                 capacity=self.capacity, lease_ttl=2.0, clock_ms=self.clock)
+                         for n in self.nodes]
+        self.rebuilders = [Rebuilder(self.sessions, n, self.router.queue_names(),
+                                     every_ms=3_600_000, lease_ttl=2.0, chunk=5,
+                                     clock_ms=self.clock) for n in self.nodes]
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+            node.client.close()
+
+    def settle(self) -> None:
+        """Sync and drain every queue of every node once."""
+        for drainer in self.drainers:
+            for queue in self.router.queue_names():
+                drainer.sync(queue)
+                drainer.drain(queue)
+
+    def rebuild_all(self) -> None:
+        for rebuilder in self.rebuilders:
+            rebuilder.rebuild(force=True)
+
+    def stock(self, sku: str) -> int | None:
+        node = self.router.node_for(sku)
+        raw = self.nodes[node].client.hget(stock_key(node), sku)
+        return None if raw is None else int(raw)
+
+    def qty(self, sku: str, *states: str) -> int:
+        with self.sessions() as session:
+            return int(session.execute(
+                select(func.coalesce(func.sum(ORDER_ITEMS.c.qty), 0))
+                .where(ORDER_ITEMS.c.sku_id == sku, ORDER_ITEMS.c.state.in_(states))).scalar()
+                or 0)
+
+    def totals(self) -> dict[str, int]:
+        with self.sessions() as session:
+            return {r.sku_id: int(r.total) for r in session.execute(select(SKUS))}
+
+    def reserved_on_record(self, sku: str) -> int:
+        """Quantity of the SKU's 'reserving' items whose deduction did happen in Redis."""
+        node = self.router.node_for(sku)
+        with self.sessions() as session:
+            rows = list(session.execute(select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.qty)
+                                        .where(ORDER_ITEMS.c.sku_id == sku,
+                                               ORDER_ITEMS.c.state == ItemState.RESERVING)))
+        if not rows:
+            return 0
+        records = self.nodes[node].client.hmget(deducted_key(node), [r[0] for r in rows])
+        return sum(r[1] for r, record in zip(rows, records, strict=True) if record)
+
+    def check_conserved(self) -> None:
+        """At a quiet moment: free + held + paid == total, for every SKU, never negative."""
+        for sku, total in self.totals().items():
+            free = self.stock(sku)
+            assert free is not None and free >= 0, (sku, free)
+            held = self.qty(sku, ItemState.HELD) + self.reserved_on_record(sku)
+            paid = self.qty(sku, ItemState.PAID)
+            assert free + held + paid == total, (sku, free, held, paid, total)
+
+
+@pytest.fixture
+def restock_engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = fresh_database(f"sqlite:///{tmp_path}/restock.sqlite")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[list[RedisServer]]:
+    servers = [RedisServer().start(), RedisServer().start()]
+    yield servers
+    for server in servers:
+        server.kill()
+
+
+@pytest.fixture
+def world(restock_engine: Engine, two_nodes: list[RedisServer]) -> Iterator[World]:
+    w = World(sessionmaker(restock_engine, expire_on_commit=False), two_nodes, FakeClockMs())
+    yield w
+    w.close()
