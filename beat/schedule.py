@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.stock import queue_names
+
 __all__ = ["beat_schedule"]
 
 
-def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
-    """The periodic tasks. A reconcile message that waited a whole interval is stale: the next
-    one supersedes it, so it expires instead of piling up behind busy workers."""
+def beat_schedule(
+    reconcile_interval: float, restock_nodes: int = 1, queues: int = 2,
+    restock_interval: float = 5.0,
+) -> dict[str, dict[str, Any]]:
+    """The periodic tasks. A periodic message that waited a whole interval is stale: the next
+    one supersedes it, so it expires instead of piling up behind busy workers.
+
+    Restock: a sync and a drain per queue of every node, and a rebuild per node (it returns at
+    once unless the node's maintenance window is due). Each is idempotent and guarded by the
+    node's scripts and leases, so a duplicate message changes nothing.
+    """
     expires = {"expires": max(reconcile_interval, 1.0)}
-    return {
+    restock_expires = {"expires": max(restock_interval, 1.0)}
+    schedule: dict[str, dict[str, Any]] = {
         "reconcile-range-jobs": {
             "task": "tasks.ranges.reconcile",
             "schedule": reconcile_interval,
@@ -24,3 +35,19 @@ def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
             "options": expires,
         },
     }
+    for node in range(restock_nodes):
+        for queue in queue_names(queues):
+            for job in ("sync", "drain"):
+                schedule[f"restock-{job}-{node}-{queue}"] = {
+                    "task": f"tasks.restock.{job}",
+                    "schedule": restock_interval,
+                    "args": (node, queue),
+                    "options": restock_expires,
+                }
+        schedule[f"restock-rebuild-{node}"] = {
+            "task": "tasks.restock.rebuild",
+            "schedule": restock_interval,
+            "args": (node,),
+            "options": restock_expires,
+        }
+    return schedule

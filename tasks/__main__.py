@@ -14,8 +14,8 @@ def main(argv: list[str]) -> int:
     sub.add_parser("migrate", help="apply the schema migrations to DATABASE_URL")
     seed = sub.add_parser("seed", help="append rows to the demo table cm_data")
     seed.add_argument("--rows", type=int, default=1_000_000)
-    status = sub.add_parser("status", help="every partition of every range job")
-    status.add_argument("--job", default=None)
+    status = sub.add_parser("status", help="range partitions and restock nodes")
+    status.add_argument("--job", default=None, help="only this range job's partitions")
     sub.add_parser("demo", help="the range job demo (see --help)", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
@@ -42,9 +42,14 @@ def main(argv: list[str]) -> int:
         first, last = seed_cm_data(res.engine, args.rows)
         print(f"seeded ids {first}..{last}")
     elif args.command == "status":
-        from tasks.status import partitions, render
+        from tasks.shop import wall_ms
+        from tasks.status import partitions, render, render_nodes, restock_nodes
+        from tasks.stock import queue_names
 
         render(partitions(res.sessions, args.job))
+        now = wall_ms()
+        render_nodes(restock_nodes(res.sessions, res.stock_nodes,
+                                   queue_names(settings.restock_queues), now), now)
     return 0
 
 

@@ -21,6 +21,7 @@ log = logging.getLogger("tasks")
 
 TASK_MODULES = [
     "tasks.health", "tasks.ranges", "tasks.samples", "tasks.rollback", "tasks.compensations",
+    "tasks.restock",
 ]
 
 
@@ -53,7 +54,9 @@ def configure(settings: Settings) -> dict[str, Any]:
         "result_expires": 24 * 3600,
         "result_extended": True,
         "beat_scheduler": "beat.scheduler:LeaderScheduler",
-        "beat_schedule": beat_schedule(settings.reconcile_interval),
+        "beat_schedule": beat_schedule(settings.reconcile_interval,
+                                       len(settings.restock_nodes), settings.restock_queues,
+                                       settings.restock_interval),
         "timezone": "UTC",
         "enable_utc": True,
     }

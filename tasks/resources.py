@@ -16,6 +16,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
+from tasks.nodes import StockNode, connect_nodes
 from tasks.settings import Settings
 
 __all__ = ["Resources", "resources_for"]
@@ -31,6 +32,7 @@ class Resources:
         self._leases: Leases | None = None
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
+        self._stock_nodes: list[StockNode] | None = None
 
     @property
     def redis(self) -> redis.Redis:
@@ -66,6 +68,14 @@ class Resources:
                 self._sessions = sessionmaker(engine, expire_on_commit=False)
             return self._sessions
 
+    @property
+    def stock_nodes(self) -> list[StockNode]:
+        """The restock feature's Redis nodes, node 0 first."""
+        with self._lock:
+            if self._stock_nodes is None:
+                self._stock_nodes = connect_nodes(self.settings.restock_nodes)
+            return self._stock_nodes
+
     def forget(self) -> None:
         """Drop every connection without closing the parent's sockets (after a fork)."""
         self._lock = threading.Lock()
@@ -75,6 +85,7 @@ class Resources:
         self._leases = None
         self._engine = None
         self._sessions = None
+        self._stock_nodes = None
 
 
 def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> Engine:

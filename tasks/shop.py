@@ -46,6 +46,7 @@ from tasks.stock import (
     NodeMaintaining,
     StockScripts,
     UnknownSku,
+    queue_names,
     stock_key,
 )
 
@@ -114,10 +115,10 @@ class Router:
         return zlib.crc32(sku_id.encode()) % self.nodes
 
     def queue_for(self, member_id: str) -> str:
-        return f"q{zlib.crc32(member_id.encode()) % self.queues}"
+        return self.queue_names()[zlib.crc32(member_id.encode()) % self.queues]
 
     def queue_names(self) -> list[str]:
-        return [f"q{i}" for i in range(self.queues)]
+        return queue_names(self.queues)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ __all__ = [
     "node_tag",
     "offset_key",
     "offsets_key",
+    "queue_names",
     "redo_cursor_key",
     "redo_key",
     "stock_key",
@@ -156,6 +157,11 @@ ATTEMPTS_PREFIX = "drain-attempts:"
 # entries stops syncing.
 DEFAULT_DELAY_MS = 10 * 60 * 1000
 DEFAULT_CAPACITY = 100_000
+
+
+def queue_names(count: int) -> list[str]:
+    """The names of a node's `count` delay queues: q0, q1, ..."""
+    return [f"q{i}" for i in range(count)]
 
 
 def node_tag(redis_id: int) -> str:
