@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import redis
@@ -126,8 +125,9 @@ class World:
 
 
 @pytest.fixture
-def restock_engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = fresh_database(f"sqlite:///{tmp_path}/restock.sqlite")
+def restock_engine(db_url: str) -> Iterator[Engine]:
+    """A fresh database of each kind (SQLite, PostgreSQL, MariaDB)."""
+    engine = fresh_database(db_url)
     yield engine
     engine.dispose()
 
