@@ -102,7 +102,7 @@ class Keeper:
         self._failing = False
         self._workers: list[threading.Thread] = []
         self._generation = 0  # threads of an older generation exit
-        self.counters = Stats()
+        self.counters = Stats(self._lock)  # shares the lock: see Stats
 
     # -- public -------------------------------------------------------------------------------
 
@@ -158,10 +158,12 @@ class Keeper:
     # -- called by Leases and Lease -------------------------------------------------------
 
     def track(self, lease: Lease) -> None:
-        """Start watching (and, if ``lease.renews``, renewing) a freshly acquired lease."""
+        """Start watching (and, if ``lease.renews``, renewing) a freshly acquired lease, and
+        count it as acquired."""
         due = lease._renewed_at + lease.ttl * RENEW_FRACTION
         with self._lock:
             self._held[lease] = None
+            self.counters.incr_locked("acquired")
             wake_renewer = lease.renews and due < self._renew_next
             wake_watchdog = lease._safe_until < self._watch_next
             if wake_renewer:
@@ -180,6 +182,16 @@ class Keeper:
         with self._lock:
             self._held.pop(lease, None)
 
+    def begin_release(self, lease: Lease) -> bool:
+        """Mark `lease` released and forget it, in one critical section; False (and nothing
+        changed) if it already was released."""
+        with self._lock:
+            if lease._released:
+                return False
+            lease._released = True
+            self._held.pop(lease, None)
+            return True
+
     def poke(self) -> None:
         """Wake the renewer: a lease that was due without progress just heartbeat."""
         self._renew_wake.set()
@@ -195,9 +207,14 @@ class Keeper:
         end = self.clock()
         lost: list[Lease] = []
         with self._lock:
+            left = lease._safe_until - end
+            if renewed and left > 0 and lease in self._held:  # the usual answer: _settle's
+                lease._confirm(start, ttl, beats)
+                self.counters.renewal_locked(end - start, 1, 0, left)
+                return
             margin = self._settle((lease, ttl, beats), renewed, start, end, lost)
-        ok = margin is not None
-        self.counters.renewal(end - start, int(ok), int(not ok), margin)
+            ok = margin is not None
+            self.counters.renewal_locked(end - start, int(ok), int(not ok), margin)
         if lost:
             self._announce(lost)
 
@@ -239,9 +256,9 @@ class Keeper:
                     if margin < least:
                         least = margin
             self._retry_at = None
+            self.counters.renewal_locked(end - start, renewed, len(batch) - renewed,
+                                         None if least == math.inf else least)
         self._failing = False
-        self.counters.renewal(end - start, renewed, len(batch) - renewed,
-                              None if least == math.inf else least)
         self._announce(lost)
         return renewed
 

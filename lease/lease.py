@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -15,6 +15,10 @@ from typing import Any
 from lease.errors import LeaseLost, NotHeld, raise_refused
 from lease.keeper import Keeper, run_callback
 from lease.keys import (
+    FENCE_PREFIX,
+    LEASE_PREFIX,
+    WAITING_PREFIX,
+    WAKE_PREFIX,
     WAKE_TTL_MS,
     fence_key,
     lease_key,
@@ -39,6 +43,47 @@ FIXED_MARGIN = 0.005  # seconds
 MIN_WAIT = 0.001  # seconds
 # Longest single BLPOP when neither the holder's TTL nor the caller's timeout bounds it.
 MAX_WAIT = 10.0  # seconds
+_INF = math.inf
+
+# -- hot-path helpers ------------------------------------------------------------------------
+# An acquire, renew or release is one round trip; what Python does around it is overhead on
+# every call, so these avoid a syscall or an encoding per call where they can.
+
+# This process's id, refreshed in a forked child: os.getpid() is a syscall, and every Lease
+# method checks it (a Lease belongs to the process that acquired it).
+_pid = os.getpid()
+
+# Lease tokens, drawn from os.urandom in batches (one getrandom syscall per _TOKEN_BATCH
+# tokens instead of one per acquire). deque.popleft is atomic, so threads need no lock; a
+# forked child empties the pool, so it never hands out a token its parent also holds.
+_TOKEN_BATCH = 64
+_tokens: deque[str] = deque()
+
+# Key parts as bytes, so a release builds its keys without encoding strings. Every key of a
+# lease is its prefix + the same tagged name (see lease.keys).
+_LEASE_PREFIX_LEN = len(LEASE_PREFIX.encode())
+_WAITING_PREFIX = WAITING_PREFIX.encode()
+_WAKE_PREFIX = WAKE_PREFIX.encode()
+_WAKE_TTL = str(WAKE_TTL_MS).encode()
+
+
+def _new_token() -> str:
+    """A fresh random token of TOKEN_CHARS hex characters (as secrets.token_hex would make)."""
+    try:
+        return _tokens.popleft()
+    except IndexError:
+        raw = os.urandom(TOKEN_CHARS // 2 * _TOKEN_BATCH).hex()
+        _tokens.extend([raw[i:i + TOKEN_CHARS] for i in range(TOKEN_CHARS, len(raw), TOKEN_CHARS)])
+        return raw[:TOKEN_CHARS]
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+    _tokens.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def safe_deadline(start: float, ttl: float, drift: float) -> float:
@@ -69,7 +114,8 @@ class Lease:
     __slots__ = (
         "_acquired_at", "_awaiting_beat", "_beats", "_beats_seen", "_callbacks", "_keeper",
         "_key", "_lost_event", "_lost_reason", "_owner", "_pid", "_released", "_renewed_at",
-        "_safe_until", "fence", "max_lifetime", "name", "progress", "renews", "token", "ttl",
+        "_safe_until", "_ttl_ms", "fence", "max_lifetime", "name", "progress", "renews",
+        "token", "ttl",
     )
 
     def __init__(
@@ -98,7 +144,7 @@ class Lease:
         self._owner = owner
         self._keeper = owner.keeper
         self._key = key.encode()  # bytes: a tick packs a thousand of them
-        self._pid = os.getpid()
+        self._pid = _pid
         # Renewal state, guarded by the keeper's lock.
         self._acquired_at = started
         self._renewed_at = started
@@ -110,6 +156,7 @@ class Lease:
         self._lost_reason: str | None = None
         self._lost_event: threading.Event | None = None  # created on first use: acquire is hot
         self._callbacks: list[Callable[[Lease], object]] | None = None  # on first on_lost
+        self._ttl_ms: bytes | None = None  # the (fixed) `ttl` as renew's argument; lazy
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"
@@ -143,7 +190,8 @@ class Lease:
         Without a heartbeat since the last renewal the keeper lets the lease lapse, so a hung
         holder loses it within about one TTL.
         """
-        self._own()
+        if self._pid != _pid:
+            self._own()
         self._beats += 1
         if self._awaiting_beat:
             self._awaiting_beat = False
@@ -155,7 +203,8 @@ class Lease:
         Call it before each unit of work: it is the holder's last line of defence when the
         keeper could not warn it in time.
         """
-        self._own()
+        if self._pid != _pid:
+            self._own()
         if self._lost_reason is not None:
             raise LeaseLost(self.name, self._lost_reason)
         if self._released:
@@ -170,20 +219,33 @@ class Lease:
         marked lost), if it was already lost, or if ``max_lifetime`` is used up; NotHeld if
         released.
         """
-        self.check()
-        now = self._keeper.clock()
-        ttl = self._renewal_ttl(now)
-        if ttl is None:
-            raise LeaseLost(self.name, "max lifetime reached")
-        beats = self._beats
-        renewed = self._do_renew(ttl)
-        self._keeper.confirm(self, ttl, beats, now, renewed)
+        # check(), inlined, sharing its clock reading with the round trip's start.
+        if self._pid != _pid:
+            self._own()
         if self._lost_reason is not None:
             raise LeaseLost(self.name, self._lost_reason)
-
-    def _do_renew(self, ttl: float) -> bool:
+        if self._released:
+            raise NotHeld(self.name, "already released")
+        keeper = self._keeper
+        now = keeper.clock()
+        if now >= self._safe_until:
+            raise LeaseLost(self.name, "safe-until passed without a confirmed renewal")
+        if self.max_lifetime is None:  # _renewal_ttl(now) is the TTL: reuse its argument
+            ttl = self.ttl
+            ttl_ms = self._ttl_ms
+            if ttl_ms is None:
+                ttl_ms = self._ttl_ms = b"%d" % _ms(ttl)
+        else:
+            capped = self._renewal_ttl(now)
+            if capped is None:
+                raise LeaseLost(self.name, "max lifetime reached")
+            ttl, ttl_ms = capped, b"%d" % _ms(capped)
+        beats = self._beats
         scripts = self._owner._scripts
-        return bool(scripts.run(scripts.renew, [self._key], [self.token, _ms(ttl)]))
+        renewed = scripts.run(scripts.renew, [self._key], [self.token, ttl_ms]) == 1
+        keeper.confirm(self, ttl, beats, now, renewed)
+        if self._lost_reason is not None:
+            raise LeaseLost(self.name, self._lost_reason)
 
     def release(self) -> None:
         """Give the lease up: renewal stops at once, then one round trip deletes it if ours.
@@ -192,22 +254,20 @@ class Lease:
         LeaseLost if the token no longer matched in Redis (it expired, or someone else holds
         it): nothing is deleted then. A Redis error propagates; the lease then lapses by TTL.
         """
-        self._own()
-        with self._keeper._lock:
-            if self._released:
-                raise NotHeld(self.name, "already released")
-            self._released = True
-        self._keeper.forget(self)
-        if not self._do_release():
-            self._keeper.lose(self, "release refused: the token no longer matches")
-            raise_refused("release", self.name)
-        self._keeper.counters.incr("released")
-        log.debug("lease %r (fence %d) released", self.name, self.fence)
-
-    def _do_release(self) -> bool:
+        if self._pid != _pid:
+            self._own()
+        keeper = self._keeper
+        if not keeper.begin_release(self):  # marks it released and stops renewing it
+            raise NotHeld(self.name, "already released")
+        key = self._key
+        tagged = key[_LEASE_PREFIX_LEN:]  # waiting_key(name), wake_key(name), as bytes
+        keys = [key, _WAITING_PREFIX + tagged, _WAKE_PREFIX + tagged]
         scripts = self._owner._scripts
-        keys: list[str | bytes] = [self._key, waiting_key(self.name), wake_key(self.name)]
-        return bool(scripts.run(scripts.release, keys, [self.token, WAKE_TTL_MS]))
+        if scripts.run(scripts.release, keys, [self.token, _WAKE_TTL]) != 1:
+            keeper.lose(self, "release refused: the token no longer matches")
+            raise_refused("release", self.name)
+        keeper.counters.incr("released")
+        log.debug("lease %r (fence %d) released", self.name, self.fence)
 
     def on_lost(self, callback: Callable[[Lease], object]) -> None:
         """Call ``callback(lease)`` when the lease is lost: in the keeper's thread, or in the
@@ -243,7 +303,7 @@ class Lease:
     # -- used by the Keeper (under its lock) ----------------------------------------------
 
     def _own(self) -> None:
-        if self._pid != os.getpid():
+        if self._pid != _pid:
             raise NotHeld(self.name, "acquired by another process (inherited through fork)")
 
     def _margin(self, ttl: float) -> float:
@@ -283,7 +343,7 @@ class Leases:
     returns the holder's remaining TTL in the same round trip; the waiter BLPOPs
     ``lease-wake:{NAME}`` for at most min(remaining timeout, that TTL), and retries when woken::
 
-        waiter  acquire -> {0, pttl=1800}, flag set   BLPOP lease-wake:{n} (<= 1.8 s) ... woken
+        waiter  acquire -> {pttl=1800}, flag set      BLPOP lease-wake:{n} (<= 1.8 s) ... woken
         holder                                  release: DEL lease; flag set -> RPUSH wake ^
 
     A release between the waiter's refused acquire and its BLPOP leaves the marker in the list
@@ -310,6 +370,7 @@ class Leases:
         self.drift = drift
         self._scripts = LeaseScripts(client)
         self._wait_cap = _blocking_cap(client)
+        self._last_ttl_ms = (DEFAULT_TTL, _ms(DEFAULT_TTL))  # (a TTL, its _ms)
 
     def acquire(
         self,
@@ -333,41 +394,48 @@ class Leases:
         With ``progress=False`` the keeper renews it without waiting for heartbeats: it lives
         as long as this process does (a liveness marker, e.g. a rollback journal's owner).
         """
-        validate_name(name)
-        _check_durations(ttl, blocking, timeout, max_lifetime)
-        first_ttl = ttl if max_lifetime is None else min(ttl, max_lifetime)
-        token = secrets.token_hex(TOKEN_CHARS // 2)
-        deadline = None if timeout is None else self.clock() + timeout
-        while True:
-            start = self.clock()
+        if name.__class__ is str and name and "{" not in name and "}" not in name:
+            # The common name, without a hash tag of its own: its keys, as lease.keys builds them.
+            tagged = "{" + name + "}"
+            keys = [LEASE_PREFIX + tagged, FENCE_PREFIX + tagged]
+        else:
+            validate_name(name)
             keys = [lease_key(name), fence_key(name)]
-            acquired, value = self._do_acquire(name, keys, token, first_ttl, blocking,
-                                               fence_floor)
-            if acquired:
+        if blocking or timeout is not None or max_lifetime is not None or not MIN_TTL <= ttl < _INF:
+            _check_durations(ttl, blocking, timeout, max_lifetime)  # else all is well
+        first_ttl = ttl if max_lifetime is None else min(ttl, max_lifetime)
+        token = _new_token()
+        last = self._last_ttl_ms  # callers mostly repeat one TTL: skip round() then
+        if last[0] == first_ttl:
+            ttl_ms = last[1]
+        else:
+            ttl_ms = _ms(first_ttl)
+            self._last_ttl_ms = (first_ttl, ttl_ms)  # one store: threads see either pair
+        args: list[str | int] = [token, ttl_ms]
+        if blocking:  # a refusal raises the waiting flag, so the release will wake us
+            keys.append(waiting_key(name))
+            args += (fence_floor, _ms(self._wait_cap) + WAKE_TTL_MS)
+        elif fence_floor:  # acquire.lua takes an absent floor as 0
+            args.append(fence_floor)
+        clock = self.clock
+        scripts = self._scripts
+        deadline = None if timeout is None else clock() + timeout
+        while True:
+            start = clock()
+            reply = scripts.run(scripts.acquire, keys, args)
+            if reply.__class__ is not list:  # acquired: the reply is the fence
                 lease = Lease(
-                    self, name, keys[0], token, value, ttl, start, first_ttl, max_lifetime, renew,
+                    self, name, keys[0], token, reply, ttl, start, first_ttl, max_lifetime, renew,
                     progress,
                 )
-                self.keeper.track(lease)
-                self.keeper.counters.incr("acquired")
-                log.debug("lease %r acquired with fence %d", name, value)
+                self.keeper.track(lease)  # also counts it as acquired
+                log.debug("lease %r acquired with fence %d", name, reply)
                 return lease
             self.keeper.counters.incr("contended")
-            wait = self._wait_time(value, deadline) if blocking else None
+            wait = self._wait_time(reply[0], deadline) if blocking else None
             if wait is None:
                 raise_refused("acquire", name, f" (waited {timeout} s)" if blocking else "")
             self._do_wait(name, wait)
-
-    def _do_acquire(
-        self, name: str, keys: list[str], token: str, ttl: float, blocking: bool,
-        fence_floor: int = 0,
-    ) -> tuple[bool, int]:
-        args: list[str | int] = [token, _ms(ttl), fence_floor]
-        if blocking:  # a refusal raises the waiting flag, so the release will wake us
-            keys = [*keys, waiting_key(name)]
-            args.append(_ms(self._wait_cap) + WAKE_TTL_MS)
-        ok, value = self._scripts.run(self._scripts.acquire, keys, args)
-        return bool(ok), int(value)
 
     def _wait_time(self, holder_pttl_ms: int, deadline: float | None) -> float | None:
         """How long to block for the holder's release; None when the timeout is used up."""

@@ -42,7 +42,7 @@ class LeaseScripts:
         self.release = client.register_script(RELEASE)
 
     def run(
-        self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | int]
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes | int]
     ) -> Any:
         """EVALSHA `script` with `keys` (every key it touches) and `args`; return its reply."""
         try:

@@ -35,10 +35,15 @@ COUNTERS = (
 
 class Stats:
     """The counters, round-trip times and margin behind LeaseStats, safe to update from any
-    thread."""
+    thread.
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    `lock` guards them (a new lock if None). A Keeper passes its own lock, so that the hot
+    paths (acquire, renew, release) update their counter inside the critical section they
+    enter anyway, with the ``*_locked`` methods, instead of taking a second lock.
+    """
+
+    def __init__(self, lock: threading.Lock | None = None) -> None:
+        self._lock = threading.Lock() if lock is None else lock
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._rtt_last = 0.0
         self._rtt_max = 0.0
@@ -49,15 +54,27 @@ class Stats:
         with self._lock:
             self._counts[counter] += n
 
+    def incr_locked(self, counter: str, n: int = 1) -> None:
+        """``incr``, for a caller that holds the lock."""
+        self._counts[counter] += n
+
     def renewal(self, rtt: float, renewed: int, failed: int, margin: float | None) -> None:
         """Record one renewal round trip: `rtt` and `margin` in seconds."""
         with self._lock:
-            self._counts["renewed"] += renewed
-            self._counts["renewal_failures"] += failed
-            self._rtt_last = rtt
-            self._rtt_max = max(self._rtt_max, rtt)
-            if margin is not None and (self._margin_min is None or margin < self._margin_min):
-                self._margin_min = margin
+            self.renewal_locked(rtt, renewed, failed, margin)
+
+    def renewal_locked(
+        self, rtt: float, renewed: int, failed: int, margin: float | None
+    ) -> None:
+        """``renewal``, for a caller that holds the lock."""
+        counts = self._counts
+        counts["renewed"] += renewed
+        counts["renewal_failures"] += failed
+        self._rtt_last = rtt
+        if rtt > self._rtt_max:
+            self._rtt_max = rtt
+        if margin is not None and (self._margin_min is None or margin < self._margin_min):
+            self._margin_min = margin
 
     def snapshot(self, held: int) -> LeaseStats:
         """The current values, with `held` leases tracked."""
