@@ -3,7 +3,9 @@
 Seeds rows, starts real `celery -A tasks worker` processes and a beat, starts the job with
 `celery -A tasks call`, shows a progress bar per partition, optionally kills a worker mid-run
 (`--chaos`) so the takeover shows, then verifies that every row was processed exactly once.
-It stops everything it started.
+With `--restock` it then runs the restock scenario (tasks/restock_demo.py) on the same
+workers and beat: orders, payments, and unpaid stock coming back. It stops everything it
+started.
 """
 
 from __future__ import annotations
@@ -145,6 +147,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--chaos", action="store_true", help="kill -9 one worker mid-run")
     parser.add_argument("--batch-delay", type=float, default=0.0,
                         help="seconds of extra work per batch (to watch a slow job)")
+    parser.add_argument("--restock", action="store_true",
+                        help="then run the restock scenario (stock of unpaid orders returns)")
+    parser.add_argument("--restock-delay", type=float, default=3.0,
+                        help="seconds before an unpaid order's stock comes back")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
     for name in ("rows", "workers", "partition_size", "batch_size"):
@@ -179,6 +185,10 @@ def main(argv: list[str]) -> int:
                CM_DATA_PARTITION_SIZE=str(args.partition_size),
                CM_DATA_BATCH_SIZE=str(args.batch_size),
                CM_DATA_BATCH_DELAY=str(args.batch_delay))
+    if args.restock:
+        # Two stock nodes (their keys tagged {node:0} and {node:1}) on the demo's one Redis.
+        env.update(RESTOCK_REDIS_URLS=f"{redis_url},{redis_url}",
+                   RESTOCK_DELAY=str(args.restock_delay), RESTOCK_INTERVAL="0.5")
     fleet = Fleet(env, workdir)
     try:
         return _run(args, console, fleet, engine)
@@ -213,6 +223,10 @@ def _run(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engin
     console.print(f"elapsed: {elapsed:.1f}s   rows/s: {rate:,.0f}")
     ok = result.exactly_once and result.finished == result.partitions
     console.print("[bold green]exactly once: yes[/]" if ok else "[bold red]exactly once: NO[/]")
+    if args.restock:
+        from tasks.restock_demo import run_restock
+
+        ok = run_restock(console, fleet.env["REDIS_URL"], args.restock_delay) and ok
     return 0 if ok else 1
 
 

@@ -61,6 +61,20 @@ def test_the_demo_verifies_exactly_once_after_a_kill(private_redis: RedisServer)
     assert "exactly once: yes" in demo.stdout
 
 
+@pytest.mark.timeout(180)
+def test_the_demo_shows_unpaid_stock_coming_back(private_redis: RedisServer) -> None:
+    env = platform_env(REDIS_URL=private_redis.url, COLUMNS="200")
+    demo = tasks_cli(env, "demo", "--rows", "2000", "--partition-size", "1000", "--restock",
+                     "--restock-delay", "1.5", timeout=170)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "restock scenario" in demo.stdout
+    assert "every SKU at total - paid" in demo.stdout
+    assert "restocked exactly once: yes" in demo.stdout
+    status = tasks_cli(env, "status")
+    assert status.returncode == 0, status.stderr
+    assert "restock nodes" in status.stdout
+
+
 def test_the_embedded_redis_starts_answers_and_stops() -> None:
     from tasks.embedded import EmbeddedRedis, redis_answers
 
