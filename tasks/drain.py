@@ -33,13 +33,14 @@ from typing import Any
 
 import redis
 from sqlalchemy import select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import LeaseLost, NotAcquired
 from tasks.deadletter import DeadLetters
 from tasks.models import ORDER_ITEMS, WRITE_INTENT, ItemState, utcnow
 from tasks.nodes import StockNode
+from tasks.partition import is_transient
 from tasks.redolog import MalformedEntry, RedoEntry, format_entry, parse_entry
 from tasks.shop import wall_ms
 from tasks.stock import (
@@ -185,7 +186,9 @@ class Drainer:
             report.outcome = stop.outcome
         except LeaseLost:
             report.outcome = DrainOutcome.LOST
-        except (redis.ConnectionError, redis.TimeoutError, OperationalError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, DBAPIError) as exc:
+            if isinstance(exc, DBAPIError) and not is_transient(exc):
+                raise
             log.warning("drain of node %d queue %s stopped: %s", self.node.redis_id, queue,
                         exc)
             report.outcome = DrainOutcome.UNAVAILABLE

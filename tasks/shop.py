@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.models import (
@@ -235,7 +236,12 @@ class Shop:
         _id("order_id", order_id)
         _id("member_id", member_id)
         lines = _lines(items)
-        pending = self._record(order_id, member_id, lines)
+        try:
+            pending = self._record(order_id, member_id, lines)
+        except IntegrityError:
+            # A concurrent copy of this call (a redelivered message) inserted the same rows
+            # first: run again to find them, or to refuse a real conflict.
+            pending = self._record(order_id, member_id, lines)
         outcomes: list[tuple[str, str, str | None, str | None]] = []
         try:
             for row in pending:

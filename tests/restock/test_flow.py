@@ -3,15 +3,19 @@ sync, drain, rebuild; bad input; Redis and queue trouble."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import redis
+from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
 from tasks.deadletter import DeadLetters
-from tasks.drain import DEAD_LETTER_KIND, MAX_ATTEMPTS, DrainOutcome
+from tasks.drain import DEAD_LETTER_KIND, MAX_ATTEMPTS, Drainer, DrainOutcome
 from tasks.maintenance import RebuildOutcome
 from tasks.models import ItemState
 from tasks.redolog import parse_entry
+from tasks.resources import make_engine
 from tasks.shop import (
     DuplicateOrderItem,
     InvalidOrder,
@@ -304,4 +308,32 @@ def test_redis_down_during_drain_stops_without_loss(shop: World) -> None:
         shop.nodes[0].client.execute_command("NOSUCHCOMMAND")
     shop.settle()
     assert shop.stock("sku-a") == 10
+    shop.check_conserved()
+
+
+def test_database_away_during_drain_stops_without_loss(shop: World) -> None:
+    shop.shop.place_order("o-1", "m-1", [["i-1", "sku-a", 3]])
+    shop.clock.advance(DELAY_MS + 100)
+    shop.drainers[0].sync("q0")
+    gone = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/test",
+                       connect_args={"connect_timeout": 1})
+    try:
+        away = Drainer(sessionmaker(gone), shop.nodes[0], delay_ms=DELAY_MS,
+                       clock_ms=shop.clock)
+        assert away.drain("q0").outcome == DrainOutcome.UNAVAILABLE
+    finally:
+        gone.dispose()
+    assert shop.nodes[0].client.zcard(delay_key(0, "q0")) == 1  # still queued
+    assert shop.drainers[0].drain("q0").restocked == 1
+    assert shop.stock("sku-a") == 10
+
+
+def test_concurrent_copies_of_one_order_deduct_once(shop: World) -> None:
+    """A redelivered place_order running alongside the first copy."""
+    items = [["i-1", "sku-a", 3], ["i-2", "sku-d", 2]]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: shop.shop.place_order("o-1", "m-1", items),
+                                range(4)))
+    assert all(r == results[0] for r in results)
+    assert (shop.stock("sku-a"), shop.stock("sku-d")) == (7, 6)
     shop.check_conserved()
