@@ -1,9 +1,11 @@
 -- Move the next redo-log entries of one queue into its delay queue (seed 002).
 --
--- The log is read with an XRANGE cursor rather than a consumer group: there is one syncer per
--- queue (it holds the queue's drain lock), and a cursor is one hash that a maintenance rebuild
--- can inspect or reset. Entries stay in the stream; the cursor only moves past entries that were
--- added to the delay queue, so a refused sync leaves them to the next call (backpressure).
+-- The log is read with an XRANGE cursor rather than a consumer group: each call is atomic, so
+-- concurrent syncs of one queue simply continue each other, and a cursor is one hash that an
+-- operator can inspect or reset. The cursor only moves past entries that were added to the
+-- delay queue, so a refused sync leaves them to the next call (backpressure). Entries before
+-- the cursor are then trimmed from the stream (the delay queue holds them now): a node keeps
+-- each pending entry once, not twice.
 --
 -- KEYS[1]  redo:{node:N}:QUEUE         stream written by deduct.lua ({e = entry, t = time_ms})
 -- KEYS[2]  redo-cursor:{node:N}:QUEUE  hash {id = last synced stream id, score = its score}
@@ -52,5 +54,6 @@ for _, message in ipairs(messages) do
 end
 if #messages > 0 then
     redis.call('HSET', KEYS[2], 'id', cursor, 'score', string.format('%d', last_score))
+    redis.call('XTRIM', KEYS[1], 'MINID', cursor)
 end
 return {'OK', #messages}

@@ -166,7 +166,8 @@ def test_sync_ok_moves_entries_once(scripts: StockScripts, client: redis.Redis) 
     scores = client.zrange(delay_key(NODE, QUEUE), 0, -1, withscores=True)
     assert scores == [(format_entry(e).encode(), float(e.time_ms + DEFAULT_DELAY_MS))
                       for e in entries]
-    assert client.xlen(redo_key(NODE, QUEUE)) == 3
+    # Synced entries are trimmed from the log; the last one stays as the cursor's anchor.
+    assert client.xlen(redo_key(NODE, QUEUE)) == 1
     assert scripts.due(NODE, QUEUE, T0 + DEFAULT_DELAY_MS + 10) == entries[:2]
 
 
@@ -197,7 +198,7 @@ def test_sync_full_leaves_entries_in_the_log(scripts: StockScripts, client: redi
         scripts.sync(NODE, QUEUE, capacity=2)
     assert info.value.detail == "2"
     assert client.hgetall(redo_cursor_key(NODE, QUEUE)) == cursor
-    assert client.xlen(redo_key(NODE, QUEUE)) == 3
+    assert client.xlen(redo_key(NODE, QUEUE)) == 2  # the cursor's anchor and the refused one
     assert not in_delay_queue(client, entries[2])
     client.zrem(delay_key(NODE, QUEUE), format_entry(entries[0]))
     assert scripts.sync(NODE, QUEUE, capacity=2) == 1
