@@ -129,8 +129,8 @@ META_PREFIX = "meta:"
 # lease:{node:N}:drain:QUEUE (lease package): the queue drainer's token. TTL: the drainer's
 # lease TTL. Owner: tasks.drain; restock.lua and discard.lua check it.
 
-# redo:{node:N}:QUEUE -> stream of {e = entry text, t = time_ms}. No TTL; trimming is the
-# maintenance job's. Owner: deduct.lua appends; sync.lua reads.
+# redo:{node:N}:QUEUE -> stream of {e = entry text, t = time_ms}. No TTL. Owner: deduct.lua and
+# rebuild.lua append; sync.lua reads it and trims what it moved to the delay queue.
 REDO_PREFIX = "redo:"
 
 # redo-cursor:{node:N}:QUEUE -> hash {id, score}: last stream id synced and its delay score.
