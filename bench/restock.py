@@ -42,9 +42,9 @@ from tasks.stock import (
     ACTIONS,
     Action,
     StockScripts,
+    deduct_keys,
     delay_key,
-    drain_lease_name,
-    redo_key,
+    drain_lock_key,
     stock_key,
 )
 
@@ -62,14 +62,6 @@ START_STOCK = 10**9
 class Prepared:
     unpaid_units: int
     stock_before: int
-
-
-class FixedClock:
-    def __init__(self, now: int) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def prepare(engine: Engine, client: redis.Redis, entries: int, paid: float, seed: int
@@ -93,9 +85,7 @@ def prepare(engine: Engine, client: redis.Redis, entries: int, paid: float, seed
             for i in range(start, min(start + 1000, entries)):
                 sku, qty = rng.choice(skus), rng.randint(1, 3)
                 batch.append((f"i-{i}", sku, qty, rng.random() < paid))
-                keys = [stock_key(NODE), f"deducted:{{node:{NODE}}}", redo_key(NODE, QUEUE),
-                        f"term:{{node:{NODE}}}", f"offset:{{node:{NODE}}}:{QUEUE}",
-                        f"lease:{{node:{NODE}}}:maintenance"]
+                keys = deduct_keys(NODE, QUEUE)
                 pipe.evalsha(scripts.deduct_script.sha, len(keys), *keys, f"i-{i}", sku,
                              str(qty), T0, "m-1", QUEUE, NODE, 1_000_000)
             if start == 0:
@@ -114,6 +104,11 @@ def prepare(engine: Engine, client: redis.Redis, entries: int, paid: float, seed
     return Prepared(unpaid_units, _stock(client))
 
 
+def _due_time(entries: int) -> int:
+    """A wall-clock time at which every one of `entries` synced entries is due."""
+    return T0 + 10 * DELAY_MS + 10 * entries
+
+
 def _stock(client: redis.Redis) -> int:
     return sum(int(v) for v in client.hvals(stock_key(NODE)))
 
@@ -123,7 +118,7 @@ def run_platform(sessions: sessionmaker[Session], client: redis.Redis, entries: 
     """Returns (seconds, entries accounted for)."""
     node = StockNode.on(NODE, client)
     drainer = Drainer(sessions, node, batch=100, delay_ms=DELAY_MS, lease_ttl=30.0,
-                      clock_ms=FixedClock(T0 + 10 * DELAY_MS + 10 * entries))
+                      clock_ms=lambda: _due_time(entries))
     started = time.perf_counter()
     drainer.sync(QUEUE, count=1000)
     report = drainer.drain(QUEUE)
@@ -137,9 +132,8 @@ def run_baseline(sessions: sessionmaker[Session], client: redis.Redis, entries: 
     """The seed's way: per entry one sync call, one payment query, one restock call."""
     scripts = StockScripts(client)
     token = "b" * 32
-    client.set(f"lease:{{node:{NODE}}}:drain:{QUEUE}", token)
-    assert drain_lease_name(NODE, QUEUE) == f"{{node:{NODE}}}:drain:{QUEUE}"
-    now = T0 + 10 * DELAY_MS + 10 * entries
+    client.set(drain_lock_key(NODE, QUEUE), token)
+    now = _due_time(entries)
     accounted = 0
     started = time.perf_counter()
     while scripts.sync(NODE, QUEUE, count=1, delay_ms=DELAY_MS):

@@ -80,10 +80,14 @@ class DrainReport:
     queue: str
     outcome: str = DrainOutcome.DRAINED
     batches: int = 0
-    restocked: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
     dead_lettered: int = 0
     retried: int = 0
+
+    @property
+    def restocked(self) -> int:
+        """Entries whose stock came back in this run."""
+        return self.statuses[SUCCESS]
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "queue": self.queue, "outcome": self.outcome,
@@ -267,7 +271,6 @@ class Drainer:
         done = sorted({r.entry.order_item_id for r in results if r.status == SUCCESS})
         for r in results:
             report.statuses[r.status] += 1
-        report.restocked += sum(1 for r in results if r.status == SUCCESS)
         if done:
             with self.sessions.begin() as session:
                 session.execute(update(ORDER_ITEMS)

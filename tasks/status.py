@@ -14,7 +14,16 @@ from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.models import WORK
+from tasks.drain import DEAD_LETTER_KIND
+from tasks.models import DEAD_LETTERS, WORK
+from tasks.stock import (
+    delay_key,
+    maintaining_key,
+    meta_key,
+    redo_cursor_key,
+    redo_key,
+    term_key,
+)
 
 __all__ = ["NodeView", "PartitionView", "partitions", "render", "render_nodes",
            "restock_nodes"]
@@ -90,17 +99,6 @@ class NodeView:
 def restock_nodes(sessions: sessionmaker[Session], nodes: Sequence[Any], queues: Sequence[str],
                   now_ms: int) -> list[NodeView]:
     """Term, maintenance window, queue lengths, due entries and dead letters of every node."""
-    from tasks.drain import DEAD_LETTER_KIND
-    from tasks.models import DEAD_LETTERS
-    from tasks.stock import (
-        delay_key,
-        maintaining_key,
-        meta_key,
-        redo_cursor_key,
-        redo_key,
-        term_key,
-    )
-
     with sessions() as session:
         letters = list(session.execute(select(DEAD_LETTERS.c.payload)
                                        .where(DEAD_LETTERS.c.kind == DEAD_LETTER_KIND)))

@@ -85,6 +85,7 @@ __all__ = [
     "UnexpectedReply",
     "UnknownSku",
     "attempts_key",
+    "deduct_keys",
     "deducted_key",
     "drain_lease_name",
     "maintenance_lease_name",
@@ -246,6 +247,12 @@ def drain_lock_key(redis_id: int, queue: str) -> str:
 def attempts_key(redis_id: int, queue: str) -> str:
     """The queue's failed-attempt counts."""
     return f"{ATTEMPTS_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+
+
+def deduct_keys(redis_id: int, queue: str) -> list[str]:
+    """Every key deduct.lua touches, in its KEYS order."""
+    return [stock_key(redis_id), deducted_key(redis_id), redo_key(redis_id, queue),
+            term_key(redis_id), offset_key(redis_id, queue), maintaining_key(redis_id)]
 
 
 # --- scripts and reply codes ----------------------------------------------------------------
@@ -426,8 +433,7 @@ class StockScripts:
         self, redis_id: int, queue: str, order_item_id: str, sku_id: str, qty: int,
         time_ms: int, member_id: str,
     ) -> Deduction:
-        keys = [stock_key(redis_id), deducted_key(redis_id), redo_key(redis_id, queue),
-                term_key(redis_id), offset_key(redis_id, queue), maintaining_key(redis_id)]
+        keys = deduct_keys(redis_id, queue)
         args: list[str | int] = [order_item_id, sku_id, str(qty), time_ms, member_id, queue,
                                  redis_id, MAX_SKU_NUM]
         code, detail = (_text(part) for part in self.run(self.deduct_script, keys, args))

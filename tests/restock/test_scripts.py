@@ -27,6 +27,7 @@ from tasks.stock import (
     StockScripts,
     UnknownSku,
     attempts_key,
+    deduct_keys,
     deducted_key,
     delay_key,
     drain_lock_key,
@@ -117,9 +118,7 @@ def test_deduct_bad_quantity(scripts: StockScripts, client: redis.Redis, qty: in
 def test_deduct_script_refuses_non_decimal_quantity(
     scripts: StockScripts, client: redis.Redis, qty: str
 ) -> None:
-    keys = [stock_key(NODE), deducted_key(NODE), redo_key(NODE, QUEUE), term_key(NODE),
-            f"offset:{{node:{NODE}}}:{QUEUE}", maintaining_key(NODE)]
-    reply = scripts.run(scripts.deduct_script, keys,
+    reply = scripts.run(scripts.deduct_script, deduct_keys(NODE, QUEUE),
                         ["oi-1", "sku-a", qty, T0, "m-1", QUEUE, NODE, MAX_SKU_NUM])
     assert reply[0] == b"BAD_QUANTITY"
     assert stock(client) == 10
