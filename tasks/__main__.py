@@ -42,10 +42,16 @@ def main(argv: list[str]) -> int:
         first, last = seed_cm_data(res.engine, args.rows)
         print(f"seeded ids {first}..{last}")
     elif args.command == "status":
+        from sqlalchemy import inspect
+
         from tasks.shop import wall_ms
         from tasks.status import partitions, render, render_nodes, restock_nodes
         from tasks.stock import queue_names
 
+        if not inspect(res.engine).has_table("work_items"):
+            print("the database has no platform tables yet: run `python -m tasks migrate`",
+                  file=sys.stderr)
+            return 1
         render(partitions(res.sessions, args.job))
         now = wall_ms()
         render_nodes(restock_nodes(res.sessions, res.stock_nodes,

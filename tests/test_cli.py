@@ -29,6 +29,8 @@ def tasks_cli(
 def test_migrate_seed_and_status(private_redis: RedisServer, tmp_path: Path) -> None:
     env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=f"sqlite:///{tmp_path}/c.db",
                        COLUMNS="200")
+    early = tasks_cli(env, "status")
+    assert early.returncode == 1 and "run `python -m tasks migrate`" in early.stderr
     assert "up to date" in tasks_cli(env, "migrate").stdout
     assert "up to date" in tasks_cli(env, "migrate").stdout  # idempotent
     assert "seeded ids 1..300" in tasks_cli(env, "seed", "--rows", "300").stdout
