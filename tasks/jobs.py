@@ -26,6 +26,7 @@ from sqlalchemy import ColumnElement, Row, Table
 from sqlalchemy.orm import Session
 
 from tasks.planning import Partition
+from tasks.validate import InvalidArguments
 
 __all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
            "registered_jobs", "validate_job_name", "validate_part"]
@@ -36,10 +37,6 @@ R = TypeVar("R")
 ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
 
 JOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-
-class InvalidArguments(ValueError):
-    """A task was called with arguments it cannot run with; nothing was changed."""
 
 
 class UnknownJob(InvalidArguments):
