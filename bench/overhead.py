@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     redis_url, embedded = demo_redis(BENCH_REDIS_DB)
     redis.Redis.from_url(redis_url).flushdb()
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    env = dict(os.environ, REDIS_URL=redis_url, PYTHONPATH=str(ROOT),
+    env = dict(os.environ, DEV_TASKS="1", REDIS_URL=redis_url, PYTHONPATH=str(ROOT),
                DATABASE_URL=f"sqlite:///{workdir}/overhead.sqlite")
     fleet = Fleet(env, workdir)
     client = Celery(broker=redis_url, backend=redis_url, set_as_current=False)

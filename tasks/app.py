@@ -15,14 +15,17 @@ from beat.schedule import beat_schedule
 from tasks.retry import check_policy
 from tasks.settings import Settings, SettingsError, load_settings, redact
 
-__all__ = ["app", "configure", "settings", "check_time_limits"]
+__all__ = ["app", "configure", "settings", "check_time_limits", "TASK_MODULES",
+           "DEV_TASK_MODULES"]
 
 log = logging.getLogger("tasks")
 
 TASK_MODULES = [
-    "tasks.health", "tasks.ranges", "tasks.samples", "tasks.rollback", "tasks.compensations",
-    "tasks.restock",
+    "tasks.health", "tasks.ranges", "tasks.rollback", "tasks.compensations", "tasks.restock",
 ]
+# Registered only with DEV_TASKS=1 (tests, benchmarks, the demo): samples that fail, loop or
+# kill their own process on purpose.
+DEV_TASK_MODULES = ["tasks.samples", "tasks.sample_sagas"]
 
 
 def configure(settings: Settings) -> dict[str, Any]:
@@ -89,7 +92,7 @@ def check_time_limits(celery_app: Celery) -> None:
 
 
 settings = load_settings()
-app = Celery("tasks", include=TASK_MODULES)
+app = Celery("tasks", include=TASK_MODULES + (DEV_TASK_MODULES if settings.dev_tasks else []))
 app.conf.update(configure(settings))
 
 

@@ -6,21 +6,17 @@
 
 Each step writes to the order's ledger (a Redis list on the platform Redis) and then records a
 checkpoint naming its undo; the step named by `fail_at` raises before it happens, so the task
-fails for good and the steps already done are undone in reverse order. The same module holds
-the saga variants the rollback tests run on real workers (a worker imports only `tasks`).
+fails for good and the steps already done are undone in reverse order. The saga variants the
+rollback tests run on real workers are in `tasks.sample_sagas` (registered with DEV_TASKS=1).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
-
-from celery.exceptions import SoftTimeLimitExceeded
 
 from tasks.app import app, settings
 from tasks.base import PlatformTask
 from tasks.resources import resources_for
-from tasks.retry import RetryPolicy
 from tasks.rollback import checkpoint, compensation
 
 __all__ = [
@@ -32,10 +28,7 @@ __all__ = [
     "place_order",
     "refund",
     "release_stock",
-    "sleepy_saga",
-    "slow_saga",
-    "retrying_saga",
-    "stubborn_saga",
+    "run_steps",
 ]
 
 # saga:{ORDER} -> list of the step and undo names applied to one order, in order. No TTL: it is
@@ -82,7 +75,7 @@ def cancel_shipment(data: dict[str, Any]) -> None:
     _append(data["order_id"], "cancel_shipment")
 
 
-def _run_steps(order_id: str, fail_at: str | None, steps: tuple[tuple[str, str], ...]) -> None:
+def run_steps(order_id: str, fail_at: str | None, steps: tuple[tuple[str, str], ...]) -> None:
     known = {step for step, _ in STEPS}
     if fail_at is not None and fail_at not in known:
         raise ValueError(f"fail_at must be one of {sorted(known)} or null, not {fail_at!r}")
@@ -99,50 +92,5 @@ def place_order(order_id: str, fail_at: str | None = None) -> list[str]:
     """Reserve stock, charge, ship; `fail_at` names a step that fails (for the demo)."""
     if not isinstance(order_id, str) or not order_id:
         raise ValueError("order_id must be a non-empty string")
-    _run_steps(order_id, fail_at, STEPS)
-    return ledger(order_id)
-
-
-@app.task(name="tasks.compensations.sleepy_saga", soft_time_limit=30, time_limit=40)
-def sleepy_saga(order_id: str, seconds: float) -> None:
-    """Reserve and charge, then sleep (tests kill or revoke it while it sleeps)."""
-    _run_steps(order_id, None, STEPS[:2])
-    time.sleep(seconds)
-
-
-@app.task(name="tasks.compensations.stubborn_saga", soft_time_limit=1, time_limit=2)
-def stubborn_saga(order_id: str) -> None:
-    """Reserve and charge, then outlive the soft limit until the hard limit kills it.
-
-    It swallows SoftTimeLimitExceeded as a careless `except Exception` would, so nothing
-    but the sweeper can roll it back (a hard time limit fires no task_failure on Celery 5.6+).
-    """
-    _run_steps(order_id, None, STEPS[:2])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            time.sleep(0.1)
-        except SoftTimeLimitExceeded:
-            pass
-
-
-@app.task(name="tasks.compensations.slow_saga", base=PlatformTask, soft_time_limit=1,
-          time_limit=4)
-def slow_saga(order_id: str) -> None:
-    """Reserve and charge, then run into the soft limit: PlatformTask rolls both back before
-    Celery records the failure."""
-    _run_steps(order_id, None, STEPS[:2])
-    time.sleep(10)
-
-
-@app.task(name="tasks.compensations.retrying_saga", base=PlatformTask, bind=True,
-          retry_policy=RetryPolicy(max_retries=2, initial_interval=0.2, max_interval=0.5,
-                                   retry_on=(ConnectionError,)))
-def retrying_saga(self: PlatformTask, order_id: str) -> list[str]:
-    """Reserve, then lose the payment service on the first attempt: the failed attempt is
-    rolled back before the retry, which then reserves and charges."""
-    _run_steps(order_id, None, STEPS[:1])
-    if self.request.retries == 0:
-        raise ConnectionError("payment service unreachable")
-    _run_steps(order_id, None, STEPS[1:2])
+    run_steps(order_id, fail_at, STEPS)
     return ledger(order_id)

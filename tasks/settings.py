@@ -54,6 +54,9 @@ class Settings:
     restock_batch: int = 100  # due entries per restock script call
     restock_interval: float = 5.0  # seconds between the sync/drain/rebuild jobs beat emits
     maintenance_every: float = 3 * 3600.0  # a node's next maintenance window after a rebuild
+    # Register the sample and test-only tasks (one of them kills its own process): never on a
+    # production worker unless asked for.
+    dev_tasks: bool = False
 
     @property
     def restock_nodes(self) -> tuple[str, ...]:
@@ -127,6 +130,15 @@ def _url_list(schemes: tuple[str, ...]) -> Callable[[str, str], tuple[str, ...]]
     return parse
 
 
+def _flag(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} must be 1 or 0 (true/false, yes/no, on/off)")
+
+
 def _database_url(name: str, raw: str) -> str:
     try:
         make_url(raw)
@@ -167,6 +179,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "restock_batch": ("RESTOCK_BATCH", _positive(int)),
     "restock_interval": ("RESTOCK_INTERVAL", _positive(float)),
     "maintenance_every": ("MAINTENANCE_EVERY", _positive(float)),
+    "dev_tasks": ("DEV_TASKS", _flag),
 }
 
 

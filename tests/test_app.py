@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import uuid
 
 import pytest
@@ -97,3 +98,17 @@ def test_a_worker_with_bad_settings_fails_at_start_up_with_a_clear_message(
     )
     assert proc.returncode != 0
     assert message in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("0", False), ("1", True)])
+def test_sample_tasks_are_registered_only_with_dev_tasks(flag: str, expected: bool) -> None:
+    code = ("from tasks.app import app; app.loader.import_default_modules(); "
+            "import json; print(json.dumps(sorted(app.tasks)))")
+    env = platform_env(DEV_TASKS=flag)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    names = json.loads(out.strip().splitlines()[-1])
+    samples = [n for n in names if n.startswith(("tasks.samples.", "tasks.sample_sagas."))]
+    assert ("tasks.samples.poison" in samples) is expected
+    assert ("tasks.sample_sagas.sleepy_saga" in samples) is expected
+    assert "tasks.compensations.place_order" in names and "tasks.ranges.start" in names
