@@ -30,7 +30,9 @@ __all__ = [
 LEASE_PREFIX = "lease:"
 
 # fence:{NAME} -> integer fencing counter, INCRed by every successful acquire. No TTL: it must
-# outlive every durable write it guards (a reset counter would hand out old fences again).
+# outlive every durable write it guards (a reset counter would hand out old fences again);
+# except when the acquirer passes fence_ttl (a lease whose fence no store relies on, e.g. the
+# rollback journal's, fenced by its token in the database): then that TTL from each acquire.
 # Owner: lease/lua/acquire.lua; read by anyone (Leases.current_fence).
 FENCE_PREFIX = "fence:"
 

@@ -382,6 +382,7 @@ class Leases:
         renew: bool = True,
         fence_floor: int = 0,
         progress: bool = True,
+        fence_ttl: float | None = None,
     ) -> Lease:
         """Acquire lease `name` for `ttl` seconds; raise NotAcquired if someone else holds it.
 
@@ -393,6 +394,9 @@ class Leases:
         your store has seen, and a fence counter that Redis lost cannot repeat an old fence.
         With ``progress=False`` the keeper renews it without waiting for heartbeats: it lives
         as long as this process does (a liveness marker, e.g. a rollback journal's owner).
+        With `fence_ttl` (seconds) the fence counter expires that long after this acquire
+        instead of never: only for a lease whose fence no store relies on (the rollback
+        journal fences by token) or whose store passes its newest fence as `fence_floor`.
         """
         if name.__class__ is str and name and "{" not in name and "}" not in name:
             # The common name, without a hash tag of its own: its keys, as lease.keys builds them.
@@ -415,8 +419,15 @@ class Leases:
         if blocking:  # a refusal raises the waiting flag, so the release will wake us
             keys.append(waiting_key(name))
             args += (fence_floor, _ms(self._wait_cap) + WAKE_TTL_MS)
-        elif fence_floor:  # acquire.lua takes an absent floor as 0
+        elif fence_floor or fence_ttl is not None:  # acquire.lua takes an absent floor as 0
             args.append(fence_floor)
+        if fence_ttl is not None:
+            if not (math.isfinite(fence_ttl) and fence_ttl >= MIN_TTL):
+                raise ValueError(f"fence_ttl must be a finite number of seconds >= {MIN_TTL}, "
+                                 f"not {fence_ttl!r}")
+            if not blocking:
+                args.append(0)  # ARGV[4], read only with KEYS[3]
+            args.append(_ms(fence_ttl))
         clock = self.clock
         scripts = self._scripts
         deadline = None if timeout is None else clock() + timeout

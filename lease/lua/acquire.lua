@@ -1,7 +1,7 @@
 -- Take a lease if it is free, and hand out the next fencing token.
 --
 -- KEYS[1]  lease:{NAME}           string, the holder's token; PX = lease TTL
--- KEYS[2]  fence:{NAME}           integer counter, no TTL
+-- KEYS[2]  fence:{NAME}           integer counter, no TTL unless ARGV[5] gives one
 -- KEYS[3]  lease-waiting:{NAME}   optional, passed only by a blocking acquire: set when refused,
 --                                 so the holder's release knows to wake a waiter
 -- ARGV[1]  token                  random token of the would-be holder
@@ -9,7 +9,11 @@
 -- ARGV[3]  fence_floor            optional (absent or 0: no floor): the counter is raised past
 --                                 this first, so a counter that Redis lost never hands out a
 --                                 used fence again
--- ARGV[4]  waiting_ms             with KEYS[3]: PX of the waiting flag (the waiter's longest wait)
+-- ARGV[4]  waiting_ms             with KEYS[3]: PX of the waiting flag (the waiter's longest wait);
+--                                 otherwise ignored (0 when ARGV[5] follows)
+-- ARGV[5]  fence_ttl_ms           optional: the fence counter expires this long after the acquire
+--                                 (for a lease whose fence no durable store relies on, or whose
+--                                 store passes fence_floor); absent: the counter never expires
 --
 -- Returns fence (an integer) when acquired: the counter after INCR (and above fence_floor),
 --         so it strictly increases across every acquire of NAME.
@@ -24,6 +28,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if fence <= floor then
         fence = floor + 1
         redis.call('SET', KEYS[2], fence)
+    end
+    if ARGV[5] then
+        redis.call('PEXPIRE', KEYS[2], ARGV[5])
     end
     return fence
 end

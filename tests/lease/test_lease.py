@@ -37,6 +37,20 @@ def test_fence_strictly_increases_across_holders(leases: Leases) -> None:
     assert leases.current_fence("never-acquired") == 0
 
 
+@pytest.mark.parametrize("blocking", [False, True])
+def test_fence_ttl_bounds_the_fence_key_and_floor_still_holds(
+    leases: Leases, redis_client: redis.Redis, blocking: bool
+) -> None:
+    with leases.acquire("ft", ttl=2.0, fence_ttl=5.0, blocking=blocking) as first:
+        assert first.fence == 1
+        assert 4000 < redis_client.pttl(fence_key("ft")) <= 5000
+    with leases.acquire("ft", ttl=2.0, fence_ttl=0.2, fence_floor=7) as second:
+        assert second.fence == 8  # SET past the floor, then the TTL again
+        assert 0 < redis_client.pttl(fence_key("ft")) <= 200
+    with pytest.raises(ValueError):
+        leases.acquire("ft", ttl=2.0, fence_ttl=0.0)
+
+
 def test_second_acquire_is_refused(leases: Leases) -> None:
     first = leases.acquire("busy", ttl=5.0)
     with pytest.raises(NotAcquired) as refused:
