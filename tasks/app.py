@@ -25,7 +25,7 @@ TASK_MODULES = [
 ]
 # Registered only with DEV_TASKS=1 (tests, benchmarks, the demo): samples that fail, loop or
 # kill their own process on purpose.
-DEV_TASK_MODULES = ["tasks.samples", "tasks.sample_sagas"]
+DEV_TASK_MODULES = ["tasks.samples", "tasks.sample_sagas", "tasks.sample_jobs"]
 
 
 def configure(settings: Settings) -> dict[str, Any]:

@@ -12,6 +12,12 @@
 
 The process function runs inside the batch's transaction: its writes commit together with the
 partition's checkpoint, guarded by the lease's fence, or not at all.
+
+`where` is required and is the filter of rows *still to do*: processing a row must make it stop
+matching (cm_data sets `status = 1`). A partition is done only when a closing read of its whole
+id range with this filter finds nothing, which is how rows committed out of id order are found
+(README, "Which rows a run processes"). The runner checks the contract on the first batch of
+every run: a process function that leaves a row matching fails its partition, writing nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from sqlalchemy import ColumnElement, Row, Table
 from sqlalchemy.orm import Session
 
 from tasks.planning import Partition
-from tasks.validate import InvalidArguments
+from tasks.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
 
 __all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
            "registered_jobs", "validate_job_name", "validate_part"]
@@ -71,7 +77,7 @@ class RangeJob:
     name: str
     table: Table
     process: ProcessFn
-    where: ColumnElement[bool] | None = None
+    where: ColumnElement[bool]
     id_column: str = "id"
     partition_size: int = 2_000_000
     batch_size: int = 1000
@@ -80,6 +86,9 @@ class RangeJob:
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
+        if self.where is None:
+            raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
+                             "is required; see tasks/jobs.py")
         for attr in ("partition_size", "batch_size", "parallelism"):
             if getattr(self, attr) <= 0:
                 raise ValueError(f"range job {self.name}: {attr} must be positive")
@@ -109,19 +118,17 @@ def register(job: RangeJob) -> RangeJob:
 
 
 def validate_job_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise InvalidArguments(f"job must be a string, got {type(name).__name__}")
+    """`name` if it is a job name; `InvalidArguments` quoting at most a short prefix otherwise."""
+    text_arg("job", name, max_len=64)
+    assert isinstance(name, str)
     if not JOB_NAME.match(name):
-        raise InvalidArguments(f"job name {name!r} must match {JOB_NAME.pattern}")
+        raise InvalidArguments(f"job name {quote(name)} must match {JOB_NAME.pattern}")
     return name
 
 
 def validate_part(part: object) -> int:
-    if isinstance(part, bool) or not isinstance(part, int):
-        raise InvalidArguments(f"partition must be an integer, got {type(part).__name__}")
-    if part < 0:
-        raise InvalidArguments(f"partition must be >= 0, got {part}")
-    return part
+    """A partition number that fits the work table's integer column."""
+    return int_arg("partition", part, lo=0, hi=INT32_MAX)
 
 
 def get_job(name: object) -> RangeJob:
@@ -132,7 +139,7 @@ def get_job(name: object) -> RangeJob:
         return _JOBS[name]
     except KeyError:
         known = ", ".join(sorted(_JOBS)) or "none"
-        raise UnknownJob(f"unknown range job {name!r} (known: {known})") from None
+        raise UnknownJob(f"unknown range job {quote(name)} (known: {known})") from None
 
 
 def registered_jobs() -> list[RangeJob]:

@@ -65,7 +65,11 @@ class WorkItem(Base):
 
     `fence` is the fencing token of the lease holder that last claimed the row; every write
     made under a lease is guarded by `fence = :mine`, so a paused ex-holder can write nothing.
-    `next_id` is the checkpoint: every matching row with `lo <= id < next_id` has been processed.
+    `lo`/`hi` are fixed when the partition is planned and never recomputed. `next_id` is the
+    keyset cursor of the current pass; a partition is done only after a closing read of
+    `lo..hi` with the job's filter found nothing (README: which rows a run processes).
+    `crashes` counts consecutive claims that ended without the holder releasing the row or
+    committing a batch; `settled_at` is when the late-commit check of a finished partition ran.
     """
 
     __tablename__ = "work_items"
@@ -90,6 +94,8 @@ class WorkItem(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     # Rows per second of the current or last run, measured by the worker.
     rate: Mapped[float] = mapped_column(default=0.0)
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    settled_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class Schedule(Base):

@@ -5,16 +5,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 from typing import Any
 
 from celery import Task
+from redis.exceptions import RedisError
 
 from tasks import cm_data as _cm_data  # noqa: F401  (registers the demo job)
 from tasks.app import app, settings
-from tasks.jobs import get_job, registered_jobs, validate_part
+from tasks.jobs import get_job, registered_jobs, validate_job_name, validate_part
 from tasks.lifecycle import shutdown_requested
 from tasks.partition import Outcome, PartitionRunner, Progress
 from tasks.reconciler import Round, activate, active_jobs, reconcile_job
@@ -25,6 +27,8 @@ __all__ = ["start", "reconcile", "run_partition", "PROGRESS"]
 # Custom task state shown by Flower while a partition runs.
 PROGRESS = "PROGRESS"
 PROGRESS_EVERY = 1.0  # seconds between progress updates to the result backend
+
+log = logging.getLogger("tasks.ranges")
 
 
 def _dispatch(job: str, part: int) -> None:
@@ -37,12 +41,13 @@ def _round(job_name: str) -> Round:
         res.sessions, res.redis, get_job(job_name), _dispatch,
         interval=settings.reconcile_interval,
         grace=max(settings.lease_ttl, 2 * settings.reconcile_interval),
+        settle=settings.range_settle,
     )
 
 
 def _report(r: Round) -> dict[str, Any]:
     return {"job": r.job, "ran": r.ran, "planned": r.planned, "reopened": r.reopened,
-            "dispatched": r.dispatched}
+            "late": r.late, "dispatched": r.dispatched, "overtaken": r.overtaken}
 
 
 @app.task(name="tasks.ranges.start")
@@ -66,7 +71,9 @@ def reconcile() -> list[dict[str, Any]]:
 @app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True)
 def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
     """Work partition `part` of `job` under its lease (a duplicate delivery exits at once)."""
-    found, part = get_job(job), validate_part(part)
+    validate_job_name(job)
+    part = validate_part(part)
+    found = get_job(job)
     res = resources_for(settings)
     last_update = [0.0]
 
@@ -74,14 +81,21 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
         now = time.monotonic()
         if now - last_update[0] >= PROGRESS_EVERY and self.request.id:
             last_update[0] = now
-            self.update_state(state=PROGRESS, meta={
-                "job": p.job, "part": p.part, "checkpoint": p.checkpoint, "hi": p.hi,
-                "rows_done": p.rows_done, "rows_per_s": round(p.rows_per_s, 1)})
+            try:
+                self.update_state(state=PROGRESS, meta={
+                    "job": p.job, "part": p.part, "checkpoint": p.checkpoint, "hi": p.hi,
+                    "rows_done": p.rows_done, "rows_per_s": round(p.rows_per_s, 1)})
+            except (RedisError, OSError) as exc:
+                # Best effort: the batch is committed; a result backend that is briefly away
+                # must not fail the partition. The work table has the same figures.
+                log.warning("range %s part %s: progress not reported (%s)", p.job, p.part,
+                            type(exc).__name__)
 
     runner = PartitionRunner(
         found, part, sessions=res.sessions, leases=res.leases, lease_ttl=settings.lease_ttl,
         owner=f"{socket.gethostname()}:{os.getpid()}", shutdown=shutdown_requested,
         time_slice=settings.range_slice, on_progress=progress,
+        crash_cap=settings.redelivery_cap,
     )
     outcome = runner.run()
     if outcome == Outcome.HANDED_OVER:

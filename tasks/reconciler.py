@@ -1,9 +1,19 @@
 """The reconciler (seed 002's dispatcher): plans partitions and dispatches unleased ones.
 
-One round per job at a time: a round runs only after it wins a term compare-and-set on the
-job's schedule row and the row's `next_run_at` has passed, so two beats (or a beat and an ad-hoc
-`start`) never run the same round twice. Failover after a crash therefore takes at most the
-lease TTL plus one reconcile interval.
+One round per job at a time, by a term compare-and-set on the job's schedule row: a round reads
+the row's `term` and wins only with `UPDATE ... SET term = :seen + 1 WHERE term = :seen` (and
+the row's `next_run_at` has passed). Every write transaction of the round then begins with
+`UPDATE ... WHERE term = :mine`, so a round overtaken by a newer one (an ad-hoc `start` resets
+`next_run_at`, a second beat) writes nothing: exactly one round plans a partition and
+dispatches it. On PostgreSQL and MariaDB that first UPDATE also row-locks the schedule row,
+so a newer round's compare-and-set waits for an in-flight write of the older one.
+
+    t0  round A wins term 7, reads the id bounds and the stored plan
+    t1  `start` resets next_run_at; round B wins term 8, reads, plans partitions 3..5
+    t2  A's planning transaction: `UPDATE schedules ... WHERE term = 7` matches nothing,
+        so A stops; it neither plans (no IntegrityError) nor dispatches
+
+Failover after a crash therefore takes at most the lease TTL plus one reconcile interval.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import redis
 from sqlalchemy import func, insert, select, update
@@ -21,7 +32,7 @@ from lease.keys import lease_key
 from tasks.jobs import RangeJob
 from tasks.models import SCHEDULES, WORK, affected, utcnow
 from tasks.models import PartitionStatus as S
-from tasks.planning import plan_partitions
+from tasks.planning import Partition, plan_after
 
 __all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs"]
 
@@ -29,6 +40,8 @@ log = logging.getLogger("tasks.ranges")
 
 
 Dispatch = Callable[[str, int], None]
+# A test seam: called with the name of each step of a round ("won", "read") as it passes it.
+Seam = Callable[[str], None]
 
 
 def schedule_name(job: str) -> str:
@@ -44,12 +57,18 @@ class Round:
     planned: int = 0
     reopened: int = 0
     dispatched: list[int] = field(default_factory=list)
+    # Partitions a late-commit check found rows in (set back to pending) / found clean.
+    late: int = 0
+    settled: int = 0
+    overtaken: bool = False  # a newer round won the term while this one ran: it stopped
 
 
 def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
     """Mark `job` active (beat reconciles it from now on); reset its failed partitions.
 
-    Returns how many failed partitions go back to pending.
+    Every finished partition gets its late-commit check again, so a `start` also finds rows
+    committed below a finished partition's checkpoint since it finished. Returns how many
+    failed partitions go back to pending.
     """
     name = schedule_name(job.name)
     now = utcnow()
@@ -59,10 +78,14 @@ def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
         if not updated:
             session.execute(insert(SCHEDULES).values(
                 name=name, term=0, next_run_at=now, active=True, updated_at=now))
+        session.execute(
+            update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
+                               WORK.c.status.in_((S.DONE, S.EMPTY)))
+            .values(settled_at=None))
         return affected(session.execute(
             update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
                                WORK.c.status == S.FAILED)
-            .values(status=S.PENDING, error=None, dispatched_at=None)
+            .values(status=S.PENDING, error=None, dispatched_at=None, crashes=0)
         ))
 
 
@@ -73,15 +96,28 @@ def active_jobs(sessions: sessionmaker[Session]) -> list[str]:
     return [name.split(":", 1)[1] for name in names]
 
 
-def _win_round(session: Session, name: str, interval: float) -> bool:
-    """One compare-and-set: the round is ours if it was due and nobody took it first."""
+def _win_round(sessions: sessionmaker[Session], name: str, interval: float) -> int | None:
+    """The term compare-and-set: the new term if the round was due and nobody took it first."""
     now = utcnow()
-    # Half an interval, so beat's jitter never skips a round, yet no round runs twice.
+    with sessions() as session:
+        row = session.execute(select(SCHEDULES.c.term, SCHEDULES.c.next_run_at)
+                              .where(SCHEDULES.c.name == name)).first()
+    if row is None or row.next_run_at > now:
+        return None
+    with sessions.begin() as session:
+        # Half an interval, so beat's jitter never skips a round.
+        won = affected(session.execute(
+            update(SCHEDULES).where(SCHEDULES.c.name == name, SCHEDULES.c.term == row.term)
+            .values(term=row.term + 1, next_run_at=now + timedelta(seconds=interval / 2),
+                    updated_at=now)))
+    return row.term + 1 if won == 1 else None
+
+
+def _hold(session: Session, name: str, term: int) -> bool:
+    """The first statement of each write transaction of a round: is `term` still the newest?"""
     return affected(session.execute(
-        update(SCHEDULES).where(SCHEDULES.c.name == name, SCHEDULES.c.next_run_at <= now)
-        .values(term=SCHEDULES.c.term + 1, next_run_at=now + timedelta(seconds=interval / 2),
-                updated_at=now)
-    )) == 1
+        update(SCHEDULES).where(SCHEDULES.c.name == name, SCHEDULES.c.term == term)
+        .values(updated_at=utcnow()))) == 1
 
 
 def reconcile_job(
@@ -92,34 +128,57 @@ def reconcile_job(
     *,
     interval: float,
     grace: float,
+    settle: float = 60.0,
+    seam: Seam | None = None,
 ) -> Round:
-    """One reconcile round for `job`: plan, reopen grown partitions, dispatch unleased ones.
+    """One reconcile round for `job`: plan, reopen grown partitions, check finished ones for
+    late commits, dispatch unleased ones.
 
     A partition is dispatched when it is open (pending or running), nobody holds its lease, and
     it was not dispatched within `grace` seconds (a queued message may still be on its way).
+    A finished partition is checked for late commits once, `settle` seconds after it finished.
     """
-    with sessions.begin() as session:
-        if not _win_round(session, schedule_name(job.name), interval):
-            return Round(job.name, ran=False)
+    name = schedule_name(job.name)
+    term = _win_round(sessions, name, interval)
+    if term is None:
+        return Round(job.name, ran=False)
+    step = seam or (lambda _step: None)
+    step("won")
     result = Round(job.name, ran=True)
     with sessions() as session:
         lo, hi = session.execute(select(func.min(job.id_col), func.max(job.id_col))).one()
-        known = set(session.execute(select(WORK.c.part).where(
-            WORK.c.kind == "range", WORK.c.job == job.name)).scalars())
-    missing = [p for p in plan_partitions(lo, hi, job.partition_size) if p.part not in known]
+        last = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi).where(
+            WORK.c.kind == "range", WORK.c.job == job.name)
+            .order_by(WORK.c.part.desc()).limit(1)).first()
+    step("read")
+    stored = Partition(last.part, last.lo, last.hi) if last is not None else None
+    missing = plan_after(stored, lo, hi, job.partition_size)
     with sessions.begin() as session:
-        if missing:  # one round at a time, so nobody else inserts these rows meanwhile
+        if not _hold(session, name, term):
+            return _overtaken(result)
+        if missing:
             session.execute(insert(WORK), [
                 {"kind": "range", "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
                  "next_id": p.lo, "fence": 0, "status": S.PENDING, "claims": 0, "rows_done": 0,
-                 "rate": 0.0} for p in missing])
+                 "rate": 0.0, "crashes": 0} for p in missing])
         result.planned = len(missing)
         if hi is not None:
             result.reopened = _reopen(session, job, hi)
-    result.dispatched = _dispatch_unleased(sessions, client, job, dispatch, grace)
-    if result.planned or result.reopened or result.dispatched:
-        log.info("reconcile %s: planned %d, reopened %d, dispatched %s", job.name,
-                 result.planned, result.reopened, result.dispatched)
+    if not _settle(sessions, job, term, settle, result):
+        return _overtaken(result)
+    dispatched = _dispatch_unleased(sessions, client, job, term, dispatch, grace)
+    if dispatched is None:
+        return _overtaken(result)
+    result.dispatched = dispatched
+    if result.planned or result.reopened or result.dispatched or result.late:
+        log.info("reconcile %s: planned %d, reopened %d, late commits in %d, dispatched %s",
+                 job.name, result.planned, result.reopened, result.late, result.dispatched)
+    return result
+
+
+def _overtaken(result: Round) -> Round:
+    log.info("reconcile %s: a newer round took over; this one stops", result.job)
+    result.overtaken = True
     return result
 
 
@@ -133,8 +192,40 @@ def _reopen(session: Session, job: RangeJob, max_id: int) -> int:
     ))
 
 
+def _settle(sessions: sessionmaker[Session], job: RangeJob, term: int, settle: float,
+            result: Round) -> bool:
+    """The late-commit check: a partition that finished `settle` seconds ago is read once more
+    with the job's filter; a row found (its transaction was open across the closing read)
+    sets it back to pending, else it is settled. False if the round was overtaken."""
+    cutoff = utcnow() - timedelta(seconds=settle)
+    with sessions() as session:
+        due = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.fence).where(
+            WORK.c.kind == "range", WORK.c.job == job.name,
+            WORK.c.status.in_((S.DONE, S.EMPTY)), WORK.c.settled_at.is_(None),
+            WORK.c.finished_at <= cutoff)).all()
+        late = {r.part for r in due if session.execute(
+            select(job.id_col).where(job.id_col >= r.lo, job.id_col <= r.hi, job.where)
+            .limit(1)).first() is not None}
+    if not due:
+        return True
+    with sessions.begin() as session:
+        if not _hold(session, schedule_name(job.name), term):
+            return False
+        for r in due:
+            values: dict[str, Any] = (
+                {"status": S.PENDING, "finished_at": None, "dispatched_at": None}
+                if r.part in late else {"settled_at": utcnow()})
+            session.execute(update(WORK).where(
+                WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.part == r.part,
+                WORK.c.fence == r.fence, WORK.c.status.in_((S.DONE, S.EMPTY)),
+                WORK.c.settled_at.is_(None)).values(**values))
+    result.late, result.settled = len(late), len(due) - len(late)
+    return True
+
+
 def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job: RangeJob,
-                       dispatch: Dispatch, grace: float) -> list[int]:
+                       term: int, dispatch: Dispatch, grace: float) -> list[int] | None:
+    """Dispatch open partitions nobody holds; None if the round was overtaken."""
     cutoff = utcnow() - timedelta(seconds=grace)
     with sessions() as session:
         open_parts = session.execute(select(WORK.c.part, WORK.c.dispatched_at).where(
@@ -151,6 +242,8 @@ def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job
     if not unleased:
         return []
     with sessions.begin() as session:
+        if not _hold(session, schedule_name(job.name), term):
+            return None
         session.execute(update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
                                            WORK.c.part.in_(unleased))
                         .values(dispatched_at=utcnow()))

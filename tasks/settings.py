@@ -46,6 +46,9 @@ class Settings:
     redelivery_cap: int = 5
     # A partition task hands its partition back after this long, to stay within time limits.
     range_slice: float = 300.0
+    # A finished partition is checked once more for rows committed late (a transaction that
+    # was open across its closing read) this long after it finished.
+    range_settle: float = 60.0
     # Restock: one Redis URL per stock node (node N is the N-th; default: REDIS_URL alone).
     restock_redis_urls: tuple[str, ...] = ()
     restock_queues: int = 2  # delay queues per node
@@ -172,6 +175,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "reconcile_interval": ("RECONCILE_INTERVAL", _positive(float)),
     "redelivery_cap": ("REDELIVERY_CAP", _positive(int)),
     "range_slice": ("RANGE_SLICE", _positive(float)),
+    "range_settle": ("RANGE_SETTLE", _positive(float)),
     "restock_redis_urls": ("RESTOCK_REDIS_URLS", _url_list(REDIS_SCHEMES)),
     "restock_queues": ("RESTOCK_QUEUES", _positive(int)),
     "restock_delay": ("RESTOCK_DELAY", _positive(float)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,24 +18,12 @@ from tasks.cm_data import cm_data, mark_processed
 from tasks.jobs import Context, RangeJob
 from tasks.models import CmData, WorkItem
 from tasks.models import PartitionStatus as S
-from tasks.partition import FencedOut, Outcome, PartitionRunner, UnknownPartition
+from tasks.partition import FencedOut, Outcome, PartitionRunner, UnknownPartition, _Pass
 from tasks.reconciler import activate, reconcile_job
 from tasks.seed import seed_cm_data
 
 DATA = CmData.__table__
 WORK = WorkItem.__table__
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
-
-
-@pytest.fixture
-def leases(redis_client: redis.Redis) -> Iterator[Leases]:
-    found = Leases(redis_client)
-    yield found
-    found.close()
 
 
 def small(job: RangeJob = cm_data, **changes: Any) -> RangeJob:
@@ -115,11 +103,11 @@ def test_a_paused_holder_is_fenced_out_and_writes_nothing(
     claimed = work(engine, 0)
     # The old holder wakes up and commits the batch it had read: refused, nothing written.
     with pytest.raises(FencedOut):
-        old._batch(old_lease, job_partition(claimed), claimed.lo, None, 0.0)
+        old._batch(old_lease, job_partition(claimed), _Pass(claimed.lo), None, 0.0)
     assert counts(engine) == {0: 1000}
     assert work(engine, 0).next_id == claimed.next_id
     # The new holder's batch is accepted.
-    assert new._batch(new_lease, job_partition(claimed), claimed.lo, None, 0.0) == 101
+    assert new._batch(new_lease, job_partition(claimed), _Pass(claimed.lo), None, 0.0) == 101
     assert counts(engine) == {0: 900, 1: 100}
     new_lease.release()
 

@@ -1,11 +1,12 @@
-"""Range jobs: (reserved for the guarantee-holes work of issue 9)
+"""Range jobs: a crash count per partition (poison partitions fail past the redelivery cap)
+and the time a finished partition's late-commit check ran (issue 9).
 
 Revision ID: 0005
 Revises: 0004
 """
 
-import sqlalchemy as sa  # noqa: F401
-from alembic import op  # noqa: F401
+import sqlalchemy as sa
+from alembic import op
 
 revision = "0005"
 down_revision = "0004"
@@ -14,8 +15,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    pass
+    op.add_column("work_items", sa.Column("crashes", sa.Integer(), nullable=False,
+                                          server_default="0"))
+    op.add_column("work_items", sa.Column("settled_at", sa.DateTime(), nullable=True))
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("work_items") as batch:
+        batch.drop_column("settled_at")
+        batch.drop_column("crashes")

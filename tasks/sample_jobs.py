@@ -1,0 +1,43 @@
+"""Test-only range jobs (registered only with DEV_TASKS=1, like tasks.samples).
+
+`poison_pill` walks `cm_data` like the demo job, but its process function SIGKILLs its own
+pool process when a batch holds a row whose payload is "poison" (an OOM kill, a segfault in a
+C extension): the partition never gets past that row, so only the redelivery cap ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Row
+
+from tasks.cm_data import mark_processed
+from tasks.jobs import Context, RangeJob, register
+from tasks.models import CM_DATA, CmData
+
+__all__ = ["poison_pill", "POISON"]
+
+POISON = "poison"
+
+
+def _die_on_poison(rows: Sequence[Row[Any]], ctx: Context) -> None:
+    if any(row.payload == POISON for row in rows):
+        os.kill(os.getpid(), signal.SIGKILL)
+    mark_processed(rows, ctx)
+
+
+poison_pill = register(
+    RangeJob(
+        name="poison_pill",
+        table=CM_DATA,
+        where=CmData.status == 0,
+        process=_die_on_poison,
+        columns=("id", "payload"),
+        partition_size=100,
+        batch_size=20,
+        parallelism=1,
+    )
+)
