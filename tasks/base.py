@@ -14,6 +14,11 @@ What it adds to a plain Celery task, and what each costs on the hot path:
   delivery (the common case) does no I/O at all.
 - **Soft time limit**: the task's rollback runs (and its journal lease is released) before
   Celery records the failure; `SoftTimeLimitExceeded` is re-raised, never swallowed.
+- **Rollback journals** (`tasks.rollback`): only a PlatformTask may record checkpoints. When
+  it returns, its journal is settled before Celery stores the result: if the journal was
+  taken over meanwhile (its lease lost, the sweeper undoing its steps), the task fails with
+  `JournalLost` instead of succeeding. `JournalLost` is never retried. No I/O for a task that
+  recorded nothing.
 - **Schedule-to-start limit**: `schedule_to_start` seconds become the message's `expires`, so
   a task that waited too long in the queue is revoked (state REVOKED, reason "expired")
   instead of started.
@@ -22,6 +27,7 @@ What it adds to a plain Celery task, and what each costs on the hot path:
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, ClassVar
 
 from celery import Task
@@ -46,6 +52,11 @@ def deliveries_key(task_id: str) -> str:
     return f"{DELIVERIES_PREFIX}{{{task_id}}}"
 
 
+def _journal_lost(exc: BaseException) -> bool:
+    rollback = sys.modules.get("tasks.rollback")
+    return rollback is not None and isinstance(exc, rollback.JournalLost)
+
+
 class PlatformTask(Task):  # type: ignore[misc]
     """Celery Task with retry policies, a redelivery cap, rollback on the soft limit and a
     schedule-to-start limit."""
@@ -63,16 +74,21 @@ class PlatformTask(Task):  # type: ignore[misc]
         if request.id and (request.delivery_info or {}).get("redelivered"):
             self._count_delivery(request.id, args, kwargs)
         try:
-            return self.run(*args, **kwargs)
+            result = self.run(*args, **kwargs)
         except SoftTimeLimitExceeded:
             self._roll_back_now(request.id, "soft time limit exceeded")
             raise
         except Exception as exc:
             policy = self.retry_policy
             countdown = decide(policy, exc, request.retries) if policy is not None else None
-            if countdown is None:
+            if countdown is None or _journal_lost(exc):
                 raise
             raise self.retry(exc=exc, countdown=countdown) from exc
+        # A process that never imported tasks.rollback recorded no journal.
+        rollback = sys.modules.get("tasks.rollback")
+        if rollback is not None:
+            rollback.settle(self)  # raises JournalLost: the task fails, never SUCCESS
+        return result
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         if self.schedule_to_start is not None:

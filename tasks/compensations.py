@@ -4,26 +4,34 @@
     redis-cli lrange saga:o-1 0 -1
         reserve_stock  charge  refund  release_stock
 
-Each step writes to the order's ledger (a Redis list on the platform Redis) and then records a
-checkpoint naming its undo; the step named by `fail_at` raises before it happens, so the task
-fails for good and the steps already done are undone in reverse order. The saga variants the
-rollback tests run on real workers are in `tasks.sample_sagas` (registered with DEV_TASKS=1).
+Each step is journaled before it happens (`with step(...)`: write-ahead) and then writes to
+the order's ledger (a Redis list on the platform Redis); the step named by `fail_at` raises
+before it happens, so the task fails for good and the steps already done are undone in
+reverse order. The compensations are idempotent and do nothing for a step that never ran
+(lua/saga_undo.lua), as every compensation must be. The saga variants the rollback tests run
+on real workers are in `tasks.sample_sagas` (registered with DEV_TASKS=1).
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any
+
+from redis.commands.core import Script
 
 from tasks.app import app, settings
 from tasks.base import PlatformTask
 from tasks.resources import resources_for
-from tasks.rollback import checkpoint, compensation
+from tasks.rollback import compensation, step
+from tasks.validate import InvalidArguments, quote, text_arg
 
 __all__ = [
+    "MAX_ORDER_ID",
     "SAGA_PREFIX",
     "STEPS",
     "SagaStepFailed",
     "cancel_shipment",
+    "check_order",
     "ledger",
     "place_order",
     "refund",
@@ -31,12 +39,20 @@ __all__ = [
     "run_steps",
 ]
 
-# saga:{ORDER} -> list of the step and undo names applied to one order, in order. No TTL: it is
-# the example's observable effect, deleted by whoever inspects it. Owner: this module.
+# saga:{ORDER} -> list of the step and undo names applied to one order, in order. TTL:
+# JOURNAL_RETENTION, refreshed by every entry (the ledger lives as long as the journal rows
+# that explain it). Owner: this module (_append and lua/saga_undo.lua).
 SAGA_PREFIX = "saga:"
+
+# The longest order id a saga accepts (it becomes part of a Redis key and of journal data).
+MAX_ORDER_ID = 128
 
 # (step, its compensation), in the order the saga runs them.
 STEPS = (("reserve_stock", "release_stock"), ("charge", "refund"), ("ship", "cancel_shipment"))
+_UNDONE = {undo: done for done, undo in STEPS}
+
+UNDO = (resources.files("tasks") / "lua" / "saga_undo.lua").read_text(encoding="utf-8")
+_undo_script: Script | None = None  # registered once, run on this process's client
 
 
 class SagaStepFailed(Exception):
@@ -47,6 +63,10 @@ def _key(order_id: str) -> str:
     return f"{SAGA_PREFIX}{order_id}"
 
 
+def _ttl_ms() -> int:
+    return max(1, round(settings.journal_retention * 1000))
+
+
 def ledger(order_id: str, client: Any = None) -> list[str]:
     """What happened to `order_id`, oldest first."""
     client = client if client is not None else resources_for(settings).redis
@@ -54,43 +74,61 @@ def ledger(order_id: str, client: Any = None) -> list[str]:
 
 
 def _append(order_id: str, entry: str) -> None:
-    resources_for(settings).redis.rpush(_key(order_id), entry)
+    with resources_for(settings).redis.pipeline() as pipe:
+        pipe.rpush(_key(order_id), entry)
+        pipe.pexpire(_key(order_id), _ttl_ms())
+        pipe.execute()
+
+
+def _undo(data: dict[str, Any], undo: str) -> None:
+    global _undo_script
+    client = resources_for(settings).redis
+    if _undo_script is None:
+        _undo_script = client.register_script(UNDO)
+    _undo_script(keys=[_key(data["order_id"])], args=[_UNDONE[undo], undo, _ttl_ms()],
+                 client=client)
 
 
 @compensation("release_stock")
 def release_stock(data: dict[str, Any]) -> None:
-    """Undo reserve_stock."""
-    _append(data["order_id"], "release_stock")
+    """Undo reserve_stock (idempotent; nothing if it never ran)."""
+    _undo(data, "release_stock")
 
 
 @compensation("refund")
 def refund(data: dict[str, Any]) -> None:
-    """Undo charge."""
-    _append(data["order_id"], "refund")
+    """Undo charge (idempotent; nothing if it never ran)."""
+    _undo(data, "refund")
 
 
 @compensation("cancel_shipment")
 def cancel_shipment(data: dict[str, Any]) -> None:
-    """Undo ship."""
-    _append(data["order_id"], "cancel_shipment")
+    """Undo ship (idempotent; nothing if it never ran)."""
+    _undo(data, "cancel_shipment")
+
+
+def check_order(order_id: Any, fail_at: Any = None) -> tuple[str, str | None]:
+    """The saga's arguments, or InvalidArguments (quoting at most a short prefix)."""
+    order_id = text_arg("order_id", order_id, max_len=MAX_ORDER_ID)
+    known = [name for name, _ in STEPS]
+    if fail_at is not None and fail_at not in known:
+        raise InvalidArguments(f"fail_at must be one of {known} or null, not {quote(fail_at)}")
+    return order_id, fail_at
 
 
 def run_steps(order_id: str, fail_at: str | None, steps: tuple[tuple[str, str], ...]) -> None:
-    known = {step for step, _ in STEPS}
-    if fail_at is not None and fail_at not in known:
-        raise ValueError(f"fail_at must be one of {sorted(known)} or null, not {fail_at!r}")
-    for step, undo in steps:
-        if step == fail_at:
-            raise SagaStepFailed(f"order {order_id}: step {step} failed")
-        _append(order_id, step)
-        checkpoint(step, undo=undo, data={"order_id": order_id, "step": step})
+    """Run `steps` on the order's ledger, each journaled before its effect."""
+    for name, undo in steps:
+        if name == fail_at:
+            raise SagaStepFailed(f"order {order_id}: step {name} failed")
+        with step(name, undo=undo, data={"order_id": order_id, "step": name}):
+            _append(order_id, name)
 
 
 @app.task(name="tasks.compensations.place_order", base=PlatformTask, soft_time_limit=50,
           time_limit=60)
 def place_order(order_id: str, fail_at: str | None = None) -> list[str]:
     """Reserve stock, charge, ship; `fail_at` names a step that fails (for the demo)."""
-    if not isinstance(order_id, str) or not order_id:
-        raise ValueError("order_id must be a non-empty string")
+    order_id, fail_at = check_order(order_id, fail_at)
     run_steps(order_id, fail_at, STEPS)
     return ledger(order_id)

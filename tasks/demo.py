@@ -44,7 +44,8 @@ __all__ = ["main", "verify", "Verification"]
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_REDIS_DB = 14  # the demo flushes only this logical database of a shared local Redis
 OUR_TABLES = ("cm_data", "work_items", "schedules", "dead_letters", "rollback_journal",
-              "skus", "orders", "order_items", "payments", "restock_nodes", "alembic_version")
+              "rollback_owners", "skus", "orders", "order_items", "payments", "restock_nodes",
+              "alembic_version")
 
 
 @dataclass

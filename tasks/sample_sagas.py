@@ -1,5 +1,6 @@
-"""Saga variants the rollback tests and demos run on real workers: one sleeps, one outlives
-its soft limit, one hits it, one retries. Registered only with DEV_TASKS=1.
+"""Saga variants the rollback tests and demos run on real workers: one sleeps (and may take one
+more step after it), one outlives its soft limit, one hits it, one retries, one hands its
+journal over to a retry on another queue. Registered only with DEV_TASKS=1.
 
     DEV_TASKS=1 celery -A tasks worker
     celery -A tasks call tasks.sample_sagas.sleepy_saga --args '["o-1", 60]'
@@ -13,26 +14,41 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from tasks.app import app
 from tasks.base import PlatformTask
-from tasks.compensations import STEPS, ledger, run_steps
+from tasks.compensations import STEPS, check_order, ledger, run_steps
 from tasks.retry import RetryPolicy
+from tasks.validate import InvalidArguments, text_arg
 
-__all__ = ["retrying_saga", "sleepy_saga", "slow_saga", "stubborn_saga"]
+__all__ = ["handover_saga", "retrying_saga", "sleepy_saga", "slow_saga", "stubborn_saga"]
 
 
-@app.task(name="tasks.sample_sagas.sleepy_saga", soft_time_limit=30, time_limit=40)
-def sleepy_saga(order_id: str, seconds: float) -> None:
-    """Reserve and charge, then sleep (tests kill or revoke it while it sleeps)."""
+def _seconds(value: object, most: float = 120.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= most:
+        raise InvalidArguments(f"seconds must be a number in 0..{most:g}")
+    return float(value)
+
+
+@app.task(name="tasks.sample_sagas.sleepy_saga", base=PlatformTask, soft_time_limit=30,
+          time_limit=40)
+def sleepy_saga(order_id: str, seconds: float, then_ship: bool = False) -> list[str]:
+    """Reserve and charge, then sleep (tests kill, revoke or pause it while it sleeps); with
+    `then_ship`, ship after the sleep."""
+    order_id, _ = check_order(order_id)
     run_steps(order_id, None, STEPS[:2])
-    time.sleep(seconds)
+    time.sleep(_seconds(seconds))
+    if then_ship:
+        run_steps(order_id, None, STEPS[2:])
+    return ledger(order_id)
 
 
-@app.task(name="tasks.sample_sagas.stubborn_saga", soft_time_limit=1, time_limit=2)
+@app.task(name="tasks.sample_sagas.stubborn_saga", base=PlatformTask, soft_time_limit=1,
+          time_limit=2)
 def stubborn_saga(order_id: str) -> None:
     """Reserve and charge, then outlive the soft limit until the hard limit kills it.
 
     It swallows SoftTimeLimitExceeded as a careless `except Exception` would, so nothing
     but the sweeper can roll it back (a hard time limit fires no task_failure on Celery 5.6+).
     """
+    order_id, _ = check_order(order_id)
     run_steps(order_id, None, STEPS[:2])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -47,6 +63,7 @@ def stubborn_saga(order_id: str) -> None:
 def slow_saga(order_id: str) -> None:
     """Reserve and charge, then run into the soft limit: PlatformTask rolls both back before
     Celery records the failure."""
+    order_id, _ = check_order(order_id)
     run_steps(order_id, None, STEPS[:2])
     time.sleep(10)
 
@@ -57,8 +74,27 @@ def slow_saga(order_id: str) -> None:
 def retrying_saga(self: PlatformTask, order_id: str) -> list[str]:
     """Reserve, then lose the payment service on the first attempt: the failed attempt is
     rolled back before the retry, which then reserves and charges."""
+    order_id, _ = check_order(order_id)
     run_steps(order_id, None, STEPS[:1])
     if self.request.retries == 0:
         raise ConnectionError("payment service unreachable")
     run_steps(order_id, None, STEPS[1:2])
+    return ledger(order_id)
+
+
+@app.task(name="tasks.sample_sagas.handover_saga", base=PlatformTask, bind=True,
+          soft_time_limit=30, time_limit=40)
+def handover_saga(self: PlatformTask, order_id: str, retry_queue: str,
+                  seconds: float) -> list[str]:
+    """Reserve, then retry on `retry_queue` (another worker); the retry charges and sleeps.
+
+    With ROLLBACK_ON_RETRY=0 the first attempt hands its journal over to the retry, so the
+    reservation is carried on (and undone by the sweeper if the retry's worker dies)."""
+    order_id, _ = check_order(order_id)
+    retry_queue = text_arg("retry_queue", retry_queue, max_len=64)
+    if self.request.retries == 0:
+        run_steps(order_id, None, STEPS[:1])
+        raise self.retry(queue=retry_queue, countdown=0.2, max_retries=1)
+    run_steps(order_id, None, STEPS[1:2])
+    time.sleep(_seconds(seconds))
     return ledger(order_id)

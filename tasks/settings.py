@@ -57,6 +57,9 @@ class Settings:
     restock_batch: int = 100  # due entries per restock script call
     restock_interval: float = 5.0  # seconds between the sync/drain/rebuild jobs beat emits
     maintenance_every: float = 3 * 3600.0  # a node's next maintenance window after a rebuild
+    # Compensated rollback journal rows (and the demo saga ledgers) are deleted this long after
+    # their last change, by the sweeper.
+    journal_retention: float = 7 * 86400.0
     # Register the sample and test-only tasks (one of them kills its own process): never on a
     # production worker unless asked for.
     dev_tasks: bool = False
@@ -183,6 +186,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "restock_batch": ("RESTOCK_BATCH", _positive(int)),
     "restock_interval": ("RESTOCK_INTERVAL", _positive(float)),
     "maintenance_every": ("MAINTENANCE_EVERY", _positive(float)),
+    "journal_retention": ("JOURNAL_RETENTION", _positive(float)),
     "dev_tasks": ("DEV_TASKS", _flag),
 }
 

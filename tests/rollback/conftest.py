@@ -1,4 +1,5 @@
-"""Fixtures for the rollback tests: a journal on a fresh SQLite file and the test Redis."""
+"""Fixtures for the rollback tests: a journal on a fresh SQLite file and the test Redis; a
+platform of real workers on a private Redis."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from sqlalchemy.orm import sessionmaker
 from lease import Leases
 from tasks.retry import RetryPolicy
 from tasks.rollback import Journal, set_journal
+from tests.rollback.platform import Platform
 from tests.support.db import fresh_database
+from tests.support.redis_server import RedisServer
 
 # Fast inline retries: 3 retries, a few milliseconds apart.
 FAST = RetryPolicy(max_retries=3, initial_interval=0.005, max_interval=0.01, randomization=0.0)
@@ -29,4 +32,13 @@ def journal(tmp_path: Path, redis_client: redis.Redis) -> Iterator[Journal]:
     yield found
     set_journal(None)
     leases.keeper.stop()
+    engine.dispose()
+
+
+@pytest.fixture
+def platform(tmp_path: Path, private_redis: RedisServer) -> Iterator[Platform]:
+    engine = fresh_database(f"sqlite:///{tmp_path}/platform.sqlite")
+    found = Platform(engine, private_redis)
+    yield found
+    found.close()
     engine.dispose()

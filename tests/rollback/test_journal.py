@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from lease.keys import lease_key
 from tasks.app import app
+from tasks.base import PlatformTask
 from tasks.deadletter import DeadLetters
 from tasks.rollback import (
     JOURNAL,
@@ -59,7 +60,7 @@ def _flaky(data: dict[str, Any]) -> None:
     undone.append(data["step"])
 
 
-@app.task(name="tests.rollback.saga", soft_time_limit=5, time_limit=10)
+@app.task(name="tests.rollback.saga", base=PlatformTask, soft_time_limit=5, time_limit=10)
 def saga(steps: list[list[Any]], fail: bool) -> None:
     for name, undo, extra in steps:
         checkpoint(name, undo=undo, data={"step": name, **extra})
@@ -67,7 +68,8 @@ def saga(steps: list[list[Any]], fail: bool) -> None:
         raise RuntimeError("boom")
 
 
-@app.task(name="tests.rollback.record_one", soft_time_limit=5, time_limit=10)
+@app.task(name="tests.rollback.record_one", base=PlatformTask, soft_time_limit=5,
+          time_limit=10)
 def record_one(undo: str, data: Any) -> None:
     checkpoint("only", undo=undo, data=data)
 

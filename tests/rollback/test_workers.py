@@ -9,101 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import redis
-from celery import Celery
-from sqlalchemy import Engine, select
-from sqlalchemy.orm import sessionmaker
 
-from tasks.rollback import JOURNAL
-from tests.support.db import fresh_database
-from tests.support.redis_server import RedisServer
-from tests.support.workers import Proc, celery_call, platform_env, start_worker, wait_until
+from tests.rollback.platform import Platform, pool_children, undone_once
+from tests.support.workers import celery_call, wait_until
 
 pytestmark = pytest.mark.timeout(90)
-
-MODULES = "tasks.rollback,tasks.compensations"
-
-
-class Platform:
-    def __init__(self, engine: Engine, server: RedisServer) -> None:
-        self.engine = engine
-        self.sessions = sessionmaker(engine, expire_on_commit=False)
-        self.redis = redis.Redis.from_url(server.url)
-        self.env = platform_env(REDIS_URL=server.url,
-                                DATABASE_URL=engine.url.render_as_string(False),
-                                LEASE_TTL="1.5")
-        self.client = Celery(broker=server.url, backend=server.url)
-        self.procs: list[Proc] = []
-        self._stop = threading.Event()
-        self._sweepers: list[threading.Thread] = []
-
-    def worker(self, name: str) -> Proc:
-        proc = start_worker(self.env, 1, name, "-I", MODULES)
-        self.procs.append(proc)
-        return proc
-
-    def sweepers(self) -> None:
-        proc = start_worker(self.env, 2, "sweeper", "-I", MODULES, "-Q", "sweeps")
-        self.procs.append(proc)
-
-        def beat() -> None:
-            while not self._stop.wait(0.3):
-                self.client.send_task("tasks.rollback.sweep", queue="sweeps", expires=1.0)
-
-        thread = threading.Thread(target=beat, daemon=True)
-        thread.start()
-        self._sweepers.append(thread)
-
-    def ledger(self, order_id: str) -> list[str]:
-        return [e.decode() for e in self.redis.lrange(f"saga:{order_id}", 0, -1)]
-
-    def states(self) -> list[tuple[str, str]]:
-        with self.engine.connect() as conn:
-            return [(r.name, r.state) for r in conn.execute(
-                select(JOURNAL).order_by(JOURNAL.c.id)).all()]
-
-    def close(self) -> None:
-        self._stop.set()
-        for thread in self._sweepers:
-            thread.join()
-        for proc in self.procs:
-            proc.kill()
-            proc.stop()  # closes its log file (the process is gone already)
-        self.client.close()
-        self.redis.close()
-
-
-@pytest.fixture
-def platform(tmp_path: Path, private_redis: RedisServer) -> Iterator[Platform]:
-    engine = fresh_database(f"sqlite:///{tmp_path}/platform.sqlite")
-    found = Platform(engine, private_redis)
-    yield found
-    found.close()
-    engine.dispose()
-
-
-def pool_children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def undone_once(p: Platform, order: str) -> bool:
-    entries = p.ledger(order)
-    return entries.count("refund") == 1 and entries.count("release_stock") == 1
 
 
 def test_a_task_that_fails_for_good_is_rolled_back(platform: Platform) -> None:
