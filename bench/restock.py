@@ -87,7 +87,7 @@ def prepare(engine: Engine, client: redis.Redis, entries: int, paid: float, seed
                 batch.append((f"i-{i}", sku, qty, rng.random() < paid))
                 keys = deduct_keys(NODE, QUEUE)
                 pipe.evalsha(scripts.deduct_script.sha, len(keys), *keys, f"i-{i}", sku,
-                             str(qty), T0, "m-1", QUEUE, NODE, 1_000_000)
+                             str(qty), T0, "m-1", QUEUE, NODE, 1_000_000, 0, 0)
             if start == 0:
                 client.script_load(scripts.deduct_script.script)
             pipe.execute()
@@ -116,9 +116,9 @@ def _stock(client: redis.Redis) -> int:
 def run_platform(sessions: sessionmaker[Session], client: redis.Redis, entries: int
                  ) -> tuple[float, int]:
     """Returns (seconds, entries accounted for)."""
-    node = StockNode.on(NODE, client)
-    drainer = Drainer(sessions, node, batch=100, delay_ms=DELAY_MS, lease_ttl=30.0,
-                      clock_ms=lambda: _due_time(entries))
+    # A fixed node clock (the entries were stamped at T0 on it) at which every entry is due.
+    node = StockNode.on(NODE, client, clock=lambda: _due_time(entries))
+    drainer = Drainer(sessions, node, batch=100, delay_ms=DELAY_MS, lease_ttl=30.0)
     started = time.perf_counter()
     drainer.sync(QUEUE, count=1000)
     report = drainer.drain(QUEUE)

@@ -3,23 +3,31 @@
 Timeline of a drain batch, and what each crash point leaves behind::
 
     drainer  lease {node:N}:drain:Q (fence f)          held elsewhere -> BUSY, at once
-      1  due = ZRANGEBYSCORE delay -inf now LIMIT batch       (nothing changes)
-      2  DB, one transaction: items 'held' -> 'released'; read every item's state
+      1  due = due.lua: members with due time <= the node's clock (Redis TIME), raw bytes
+      2  drain-attempts += 1 for each member of the batch, before any work (write-ahead); a
+         member past the cap is dead-lettered instead of run. A member with an earlier
+         count was in a batch that never finished: it runs alone, so a poison entry sinks
+         only itself
+      3  DB, one transaction: items 'held' -> 'released'; read every item's state
          (the payment lookup of the whole batch; a paid item stays paid)
-      3  restock.lua(token, batch): per entry maintenance, token, term, offset, then
-         stock += qty and ZREM                                 (one round trip)
-      4  DB: SUCCESS items 'released' -> 'restocked'
+      4  restock.lua(token, batch): per entry maintenance, token, term, offset, then
+         stock += qty and ZREM (with its attempt count and record)   (one round trip)
+      5  DB: SUCCESS items 'released' -> 'restocked'
 
-A crash after 2 leaves the entries queued and their items released: the next drainer finds
-them unpaid and restocks them. A crash after 3 leaves items 'released' whose stock is back
+A crash after 3 leaves the entries queued and their items released: the next drainer finds
+them unpaid and restocks them. A crash after 4 leaves items 'released' whose stock is back
 (released and restocked both count as returned). restock.lua's offset check makes a repeated
-entry HAS_BEEN_CONSUMED, so nothing is restocked twice, whatever was redelivered.
+entry HAS_BEEN_CONSUMED, so nothing is restocked twice, whatever was redelivered. A process
+that dies in a batch (OOM, segfault, SIGKILL) leaves the batch's attempt counts; an entry
+that takes `max_attempts` drainers down with it is dead-lettered (the platform's
+REDELIVERY_CAP), and nothing retries it forever.
 
-An entry that cannot be parsed is dead-lettered at once (no retry can parse it); an entry
-whose script call fails (e.g. a corrupt stock value) is retried on the next two drains and
-then dead-lettered. A dead letter is written to the database before the entry leaves the
-queue. Database or Redis outages stop the run without counting attempts: nothing is lost, the
-next run resumes.
+Members are bytes end to end: a member that is not an entry (not UTF-8, wrong fields, another
+queue's) is dead-lettered at once and removed exactly as stored. An entry whose script call
+fails (e.g. a corrupt stock value) is retried until its attempts reach the cap, then
+dead-lettered. A dead letter is written to the database before the entry leaves the queue.
+Database or Redis outages stop the run and give the batch's attempts back (best effort):
+nothing is lost, the next run resumes.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +49,7 @@ from tasks.deadletter import DeadLetters
 from tasks.models import ORDER_ITEMS, WRITE_INTENT, ItemState, utcnow
 from tasks.nodes import StockNode
 from tasks.partition import is_transient
-from tasks.redolog import MalformedEntry, RedoEntry, format_entry, parse_entry
-from tasks.shop import wall_ms
+from tasks.redolog import MalformedEntry, RedoEntry, parse_entry
 from tasks.stock import (
     DEFAULT_CAPACITY,
     DEFAULT_DELAY_MS,
@@ -55,6 +62,7 @@ from tasks.stock import (
     delay_key,
     drain_lease_name,
 )
+from tasks.validate import quote
 
 __all__ = ["DEAD_LETTER_KIND", "MAX_ATTEMPTS", "DrainOutcome", "DrainReport", "Drainer",
            "SyncReport"]
@@ -63,6 +71,9 @@ log = logging.getLogger("tasks.restock")
 
 DEAD_LETTER_KIND = "restock"
 MAX_ATTEMPTS = 3  # the seed's "retry three times"; then dead-letter instead of dropping
+# A dead letter keeps a member whole up to this many bytes (an entry is far shorter), a prefix
+# of anything longer.
+LETTER_ENTRY_LIMIT = 1024
 
 
 class DrainOutcome:
@@ -115,7 +126,12 @@ class _Stop(Exception):
 
 
 class Drainer:
-    """Syncs and drains the queues of one node. `clock_ms` gives wall-clock ms (due times)."""
+    """Syncs and drains the queues of one node, on the node's clock.
+
+    `max_attempts` caps the attempts at one entry, crashes included (the task passes the
+    platform's REDELIVERY_CAP). `before_restock` is a test seam run between the payment
+    lookup and the restock script (a crash point).
+    """
 
     def __init__(
         self,
@@ -127,11 +143,11 @@ class Drainer:
         capacity: int = DEFAULT_CAPACITY,
         lease_ttl: float = 10.0,
         time_slice: float = 60.0,
-        clock_ms: Callable[[], int] = wall_ms,
+        max_attempts: int = MAX_ATTEMPTS,
         before_restock: Callable[[Sequence[RedoEntry]], None] | None = None,
     ) -> None:
-        if batch <= 0 or time_slice <= 0:
-            raise ValueError("batch and time_slice must be positive")
+        if batch <= 0 or time_slice <= 0 or max_attempts <= 0:
+            raise ValueError("batch, time_slice and max_attempts must be positive")
         self.sessions = sessions
         self.node = node
         self.batch = batch
@@ -139,9 +155,8 @@ class Drainer:
         self.capacity = capacity
         self.lease_ttl = lease_ttl
         self.time_slice = time_slice
-        self.clock_ms = clock_ms
+        self.max_attempts = max_attempts
         self.dead_letters = DeadLetters(sessions)
-        # Test seam: runs between the payment lookup and the restock script (crash point).
         self.before_restock = before_restock
 
     # sync --------------------------------------------------------------------------------
@@ -180,7 +195,7 @@ class Drainer:
                         report.outcome = DrainOutcome.SLICE
                         break
                     lease.check()
-                    members = self._due(queue)
+                    members = self.node.scripts.due(self.node.redis_id, queue, self.batch)
                     if not members:
                         break
                     self._batch(queue, lease.token, members, report)
@@ -198,31 +213,78 @@ class Drainer:
             report.outcome = DrainOutcome.UNAVAILABLE
         return report
 
-    def _due(self, queue: str) -> list[str]:
-        members = self.node.client.zrangebyscore(
-            delay_key(self.node.redis_id, queue), "-inf", self.clock_ms(), start=0,
-            num=self.batch)
-        return [m.decode("utf-8", "replace") if isinstance(m, bytes) else m for m in members]
+    def _batch(self, queue: str, token: str, due: list[bytes], report: DrainReport) -> None:
+        """One batch: count the attempts first, then restock; give back the attempts of
+        members left unprocessed by anything but the death of this process."""
+        members = self._pick(queue, due)
+        counts = self._count_attempts(queue, members)
+        pending = dict(zip(members, counts, strict=True))
+        try:
+            entries: list[tuple[bytes, RedoEntry]] = []
+            for member, attempts in zip(members, counts, strict=True):
+                if attempts > self.max_attempts:
+                    del pending[member]
+                    self._dead_letter(queue, token, member, (
+                        f"drained {attempts - 1} times without finishing "
+                        f"(REDELIVERY_CAP={self.max_attempts}): the entry keeps killing its "
+                        "drainer"), report)
+                    continue
+                try:
+                    entries.append((member, self._parse(queue, member)))
+                except MalformedEntry as exc:
+                    del pending[member]
+                    self._dead_letter(queue, token, member, f"malformed redo entry: {exc}",
+                                      report)
+            if entries:
+                self._restock_entries(queue, token, entries, pending, report)
+        finally:
+            self._give_back(queue, pending)
 
-    def _batch(self, queue: str, token: str, members: list[str], report: DrainReport) -> None:
-        entries: list[RedoEntry] = []
-        for member in members:
-            try:
-                entry = parse_entry(member)
-                if (entry.redis_id, entry.queue) != (self.node.redis_id, queue):
-                    raise MalformedEntry(f"entry of node {entry.redis_id} queue "
-                                         f"{entry.queue!r} in node {self.node.redis_id} queue "
-                                         f"{queue!r}")
-            except MalformedEntry as exc:
-                self._dead_letter(queue, token, member, f"malformed redo entry: {exc}", report)
-                continue
-            entries.append(entry)
-        if not entries:
+    def _pick(self, queue: str, due: list[bytes]) -> list[bytes]:
+        """The batch: all due members, or the first suspect alone (a member counted by a
+        batch that never finished may be what killed it)."""
+        counts = self.node.client.hmget(attempts_key(self.node.redis_id, queue), due)
+        suspects = [m for m, count in zip(due, counts, strict=True) if count]
+        return suspects[:1] if suspects else due
+
+    def _count_attempts(self, queue: str, members: list[bytes]) -> list[int]:
+        key = attempts_key(self.node.redis_id, queue)
+        with self.node.client.pipeline(transaction=False) as pipe:
+            for member in members:
+                pipe.hincrby(key, member, 1)
+            return [int(n) for n in pipe.execute()]
+
+    def _give_back(self, queue: str, pending: dict[bytes, int]) -> None:
+        """Undo the attempts of members this batch did not get to (a stop, not a crash)."""
+        if not pending:
             return
-        paid = self._claim(entries)
+        key = attempts_key(self.node.redis_id, queue)
+        try:
+            with self.node.client.pipeline(transaction=False) as pipe:
+                for member, attempts in pending.items():
+                    if attempts <= 1:
+                        pipe.hdel(key, member)
+                    else:
+                        pipe.hincrby(key, member, -1)
+                pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("could not give back %d drain attempts on node %d queue %s: %s",
+                        len(pending), self.node.redis_id, queue, exc)
+
+    def _parse(self, queue: str, member: bytes) -> RedoEntry:
+        entry = parse_entry(member)
+        if (entry.redis_id, entry.queue) != (self.node.redis_id, queue):
+            raise MalformedEntry(f"entry of node {entry.redis_id} queue {entry.queue!r} in "
+                                 f"node {self.node.redis_id} queue {queue!r}")
+        return entry
+
+    def _restock_entries(self, queue: str, token: str, entries: list[tuple[bytes, RedoEntry]],
+                         pending: dict[bytes, int], report: DrainReport) -> None:
+        parsed = [entry for _, entry in entries]
+        paid = self._claim(parsed)
         if self.before_restock is not None:
-            self.before_restock(entries)
-        batch = [(e, e.order_item_id in paid) for e in entries]
+            self.before_restock(parsed)
+        batch = [(e, e.order_item_id in paid) for e in parsed]
         try:
             results = self._restock(queue, token, batch)
         except redis.ResponseError as exc:
@@ -230,7 +292,9 @@ class Drainer:
                 raise
             log.warning("restock batch on node %d queue %s failed (%s); entry by entry",
                         self.node.redis_id, queue, exc)
-            results = self._one_by_one(queue, token, batch, report)
+            results = self._one_by_one(queue, token, entries, batch, pending, report)
+        for member, _entry in entries:  # restock.lua removed them with their counts
+            pending.pop(member, None)
         self._record(results, report)
 
     def _restock(self, queue: str, token: str, batch: list[tuple[RedoEntry, bool]]
@@ -242,18 +306,21 @@ class Drainer:
         except LockNotHeld:
             raise _Stop(DrainOutcome.LOST) from None
 
-    def _one_by_one(self, queue: str, token: str, batch: list[tuple[RedoEntry, bool]],
+    def _one_by_one(self, queue: str, token: str, entries: list[tuple[bytes, RedoEntry]],
+                    batch: list[tuple[RedoEntry, bool]], pending: dict[bytes, int],
                     report: DrainReport) -> list[RestockResult]:
         """After a failed batch call: each entry alone, so one bad entry fails only itself."""
         results = []
-        for entry, paid in batch:
+        for (member, _), (entry, paid) in zip(entries, batch, strict=True):
             try:
                 results += self._restock(queue, token, [(entry, paid)])
+                pending.pop(member, None)
             except redis.ResponseError as exc:
-                self._failed_attempt(queue, token, format_entry(entry), str(exc), report)
+                attempts = pending.pop(member)
+                self._failed_attempt(queue, token, member, attempts, str(exc), report)
         return results
 
-    def _claim(self, entries: list[RedoEntry]) -> set[str]:
+    def _claim(self, entries: Iterable[RedoEntry]) -> set[str]:
         """Release the batch's unpaid items in the database; return the paid ones."""
         ids = sorted({e.order_item_id for e in entries})
         with self.sessions.begin() as session:
@@ -280,24 +347,25 @@ class Drainer:
 
     # failures ----------------------------------------------------------------------------
 
-    def _failed_attempt(self, queue: str, token: str, member: str, reason: str,
-                        report: DrainReport) -> None:
-        attempts = int(self.node.client.hincrby(attempts_key(self.node.redis_id, queue),
-                                                member, 1))
-        if attempts >= MAX_ATTEMPTS:
+    def _failed_attempt(self, queue: str, token: str, member: bytes, attempts: int,
+                        reason: str, report: DrainReport) -> None:
+        """The script failed on `member` at its `attempts`-th attempt (already counted)."""
+        if attempts >= self.max_attempts:
             self._dead_letter(queue, token, member,
                               f"restock failed {attempts} times: {reason}", report)
         else:
             report.retried += 1
-            log.warning("restock of %s failed (attempt %d of %d): %s", member, attempts,
-                        MAX_ATTEMPTS, reason)
+            log.warning("restock of %s failed (attempt %d of %d): %s", quote(member),
+                        attempts, self.max_attempts, reason)
 
-    def _dead_letter(self, queue: str, token: str, member: str, reason: str,
+    def _dead_letter(self, queue: str, token: str, member: bytes, reason: str,
                      report: DrainReport) -> None:
         node = self.node.redis_id
         score = self.node.client.zscore(delay_key(node, queue), member)
-        self.dead_letters.add(DEAD_LETTER_KIND, member, reason,
-                              {"node": node, "queue": queue, "entry": member, "score": score})
+        text = member.decode("utf-8", "backslashreplace")
+        payload = {"node": node, "queue": queue, "score": score, "bytes": len(member),
+                   "entry": text if len(member) <= LETTER_ENTRY_LIMIT else quote(text)}
+        self.dead_letters.add(DEAD_LETTER_KIND, text[:255], reason, payload)
         try:
             self.node.scripts.discard(node, queue, token, [member])
         except LockNotHeld:

@@ -5,13 +5,26 @@ while that lease exists every stock script of the node refuses (MAINTAINING), so
 syncs and drains wait and nothing moves under the recount::
 
     rebuilder  acquire {node:N}:maintenance           held elsewhere -> BUSY
-      1  DB: the node's SKUs (totals) and its items that hold stock (held, paid, and
-         'reserving' items whose deduction is on record in Redis)
+      0  rebuild-attempts:{node:N} += 1 (before any work, so a rebuild that kills its
+         process counts); past the cap: one dead letter, then DEAD_LETTERED until the
+         count's TTL (one maintenance interval) ends or an operator forces a rebuild
+      1  DB, one snapshot (REPEATABLE READ; SQLite's read transaction), read in chunks with a
+         heartbeat after each: the node's SKUs (totals), per chunk of SKUs the sum of their
+         paid stock (GROUP BY: paid history is never loaded row by row), the items that
+         hold stock unpaid (held, and 'reserving' items whose deduction is on record in
+         Redis), and the highest offset an item recorded
       2  DB: term = max(database term, Redis term) + 1, committed first, so a term is never
          handed out twice even if Redis restarted empty
-      3  rebuild.lua in chunks (token-checked): term, stock = total - held - paid, and a new
-         redo entry in the new term for every unpaid item still holding stock
-      4  meta:{node:N}: next window = now + MAINTENANCE_EVERY; release the lease
+      3  rebuild.lua in chunks (token-checked): term, offset counter >= the database's,
+         stock = total - held - paid, and a new redo entry in the new term for every unpaid
+         item still holding stock
+      4  meta:{node:N}: next window = node clock + MAINTENANCE_EVERY; release the lease;
+         the attempt count is deleted
+
+A node is due when its window has passed on its own clock, when it has no schedule (new, or
+restarted empty), or when it is stale: its term or offset counter is behind the database's, or
+it lacks the stock of a SKU the database assigns it (restored from an older snapshot, a lagging
+replica, an empty restart). A stale node refuses deductions (deduct.lua: STALE) until then.
 
 Entries of older terms meet WRONG_TERM afterwards: the recount already returned (or kept) their
 stock, and each unpaid item has its new entry, due at its original time. A rebuild that dies
@@ -28,10 +41,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from lease import LeaseLost, NotAcquired
+from lease import Lease, LeaseLost, NotAcquired
+from tasks.deadletter import DeadLetters
 from tasks.models import (
     ORDER_ITEMS,
     ORDERS,
@@ -42,18 +56,26 @@ from tasks.models import (
     utcnow,
 )
 from tasks.nodes import StockNode
-from tasks.redolog import format_entry
-from tasks.shop import wall_ms
+from tasks.redolog import MalformedEntry, format_entry, parse_entry
+from tasks.shop import recorded_generation
 from tasks.stock import (
+    Generation,
     LockNotHeld,
     Reissue,
     deducted_key,
     maintenance_lease_name,
     meta_key,
+    offset_key,
+    rebuild_attempts_key,
+    stock_key,
     term_key,
 )
 
-__all__ = ["RebuildOutcome", "RebuildReport", "Rebuilder"]
+__all__ = ["MAX_ATTEMPTS", "REBUILD_DEAD_LETTER_KIND", "RebuildOutcome", "RebuildReport",
+           "Rebuilder"]
+
+REBUILD_DEAD_LETTER_KIND = "restock-rebuild"
+MAX_ATTEMPTS = 3  # rebuilds of a node started and never finished before it is dead-lettered
 
 log = logging.getLogger("tasks.restock")
 
@@ -65,6 +87,7 @@ class RebuildOutcome:
     BUSY = "busy"  # another rebuild of this node is running
     REBUILT = "rebuilt"
     LOST = "lost"  # the maintenance lease was lost mid-way; the node stays due
+    DEAD_LETTERED = "dead-lettered"  # it kept dying: dead-lettered, not run (see module doc)
 
 
 @dataclass
@@ -87,8 +110,24 @@ def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start:start + size]
 
 
+@dataclass
+class _Read:
+    """What the rebuild read from the database, in one snapshot."""
+
+    generation: Generation  # the database's view of the node (its max offset is used)
+    skus: list[tuple[str, int]]  # (sku_id, total)
+    out: dict[str, int]  # sku_id -> units held or paid
+    holding: list[Reissue]  # unpaid items still holding stock, to re-issue
+
+
 class Rebuilder:
-    """Rebuilds one node's stock from the database, in its maintenance window."""
+    """Rebuilds one node's stock from the database, in its maintenance window.
+
+    `chunk` bounds every read and every script call (SKUs or items per round trip); the
+    holder heartbeats after each, so a rebuild lasts as long as it keeps making progress,
+    however large the history. `max_attempts` caps rebuilds that die mid-way (the platform's
+    REDELIVERY_CAP). `on_read` is a test seam called after each chunk read.
+    """
 
     def __init__(
         self,
@@ -99,30 +138,53 @@ class Rebuilder:
         every_ms: int = 3 * 3600 * 1000,
         lease_ttl: float = 10.0,
         chunk: int = 1000,
-        clock_ms: Callable[[], int] = wall_ms,
+        max_attempts: int = MAX_ATTEMPTS,
+        on_read: Callable[[], None] | None = None,
     ) -> None:
+        if chunk <= 0 or max_attempts <= 0 or every_ms <= 0:
+            raise ValueError("chunk, max_attempts and every_ms must be positive")
         self.sessions = sessions
         self.node = node
         self.queues = list(queues)
         self.every_ms = every_ms
         self.lease_ttl = lease_ttl
         self.chunk = chunk
-        self.clock_ms = clock_ms
+        self.max_attempts = max_attempts
+        self.on_read = on_read
+        self.dead_letters = DeadLetters(sessions)
 
     def next_window_ms(self) -> int | None:
-        """When the node's next maintenance window opens; None if the node has no schedule
-        (new, or restarted empty): it is due at once."""
+        """When the node's next maintenance window opens (node clock); None if the node has
+        no schedule (new, or restarted empty): it is due at once."""
         raw = self.node.client.hget(meta_key(self.node.redis_id), "next_maintain_ms")
         return None if raw is None else int(raw)
 
+    def stale(self) -> bool:
+        """True if the node is behind the database: its term or offset counter is older than
+        the database recorded, or it lacks the stock of one of its SKUs."""
+        node = self.node.redis_id
+        with self.sessions() as session:
+            known = recorded_generation(session, node)
+            skus = session.execute(select(func.count()).select_from(SKUS)
+                                   .where(SKUS.c.redis_id == node)).scalar() or 0
+        with self.node.client.pipeline(transaction=False) as pipe:
+            pipe.get(term_key(node))
+            pipe.get(offset_key(node))
+            pipe.hlen(stock_key(node))
+            term, offset, stocked = pipe.execute()
+        return (int(term or 0) < known.term or int(offset or 0) < known.offset
+                or int(stocked) < skus)
+
     def due(self) -> bool:
         window = self.next_window_ms()
-        return window is None or window <= self.clock_ms()
+        return window is None or window <= self.node.now_ms() or self.stale()
 
     def rebuild(self, force: bool = False) -> RebuildReport:
-        """Rebuild the node if its window is due (or `force`)."""
+        """Rebuild the node if it is due (or `force`: also clears a dead-lettered count)."""
         node = self.node.redis_id
-        if not force and not self.due():
+        if force:
+            self.node.client.delete(rebuild_attempts_key(node))
+        elif not self.due():
             return RebuildReport(node, RebuildOutcome.NOT_DUE,
                                  next_maintain_ms=self.next_window_ms() or 0)
         try:
@@ -131,43 +193,64 @@ class Rebuilder:
             return RebuildReport(node, RebuildOutcome.BUSY)
         try:
             with lease:
-                return self._rebuild(lease)
+                return self._attempt(lease)
         except (LeaseLost, LockNotHeld):
             log.warning("rebuild of node %d lost its maintenance lease; it stays due", node)
             return RebuildReport(node, RebuildOutcome.LOST)
 
-    def _rebuild(self, lease: Any) -> RebuildReport:
+    def _attempt(self, lease: Lease) -> RebuildReport:
+        """Count the attempt before any work (write-ahead: a process that dies keeps it), run
+        it, and take the count back unless the process died."""
         node = self.node.redis_id
-        skus, items = self._read()
-        on_record = self._on_record([i for i in items if i.state == ItemState.RESERVING])
-        holding = [i for i in items if i.state != ItemState.RESERVING
-                   or i.order_item_id in on_record]
-        out: dict[str, int] = defaultdict(int)
-        for item in holding:
-            out[item.sku_id] += item.qty
+        key = rebuild_attempts_key(node)
+        with self.node.client.pipeline(transaction=False) as pipe:
+            pipe.incr(key)
+            pipe.pexpire(key, self.every_ms, nx=True)
+            attempts = int(pipe.execute()[0])
+        if attempts > self.max_attempts:
+            if attempts == self.max_attempts + 1:
+                reason = (f"rebuild of node {node} started {attempts - 1} times without "
+                          f"finishing (REDELIVERY_CAP={self.max_attempts}): it keeps killing "
+                          "its worker; force a rebuild once the cause is fixed")
+                self.dead_letters.add(REBUILD_DEAD_LETTER_KIND, f"node {node}", reason,
+                                      {"node": node, "attempts": attempts - 1})
+            return RebuildReport(node, RebuildOutcome.DEAD_LETTERED)
+        done = False
+        try:
+            report = self._rebuild(lease)
+            done = True
+            return report
+        finally:
+            if done:
+                self.node.client.delete(key)
+            else:
+                self.node.client.decr(key)
+
+    def _rebuild(self, lease: Lease) -> RebuildReport:
+        node = self.node.redis_id
+        read = self._read(lease)
         stock = []
-        for sku_id, total in skus:
-            free = total - out[sku_id]
+        for sku_id, total in read.skus:
+            free = total - read.out[sku_id]
             if free < 0:
                 log.error("node %d SKU %s: %d units held or sold of %d in total", node,
-                          sku_id, out[sku_id], total)
+                          sku_id, read.out[sku_id], total)
             stock.append((sku_id, max(free, 0)))
-        reissue = [Reissue(i.queue, i.order_item_id, i.sku_id, i.qty, i.time_ms, i.member_id)
-                   for i in holding if i.state != ItemState.PAID]
-        term = self._next_term()
+        generation = Generation(self._next_term(), read.generation.offset)
         lease.check()
         new_entries = []
         scripts = self.node.scripts
         for part in _chunks(stock, self.chunk):
-            scripts.rebuild(node, self.queues, lease.token, term, part, [])
+            scripts.rebuild(node, self.queues, lease.token, generation, part, [])
             lease.heartbeat()
-        for lines in _chunks(reissue, self.chunk):
-            new_entries += scripts.rebuild(node, self.queues, lease.token, term, [], lines)
+        for lines in _chunks(read.holding, self.chunk):
+            new_entries += scripts.rebuild(node, self.queues, lease.token, generation, [],
+                                           lines)
             lease.heartbeat()
-        if not stock and not reissue:
-            scripts.rebuild(node, self.queues, lease.token, term, [], [])
+        if not stock and not read.holding:
+            scripts.rebuild(node, self.queues, lease.token, generation, [], [])
         self._promote(new_entries)
-        now = self.clock_ms()
+        now = self.node.now_ms()
         next_ms = now + self.every_ms
         self.node.client.hset(meta_key(node), mapping={"next_maintain_ms": next_ms,
                                                        "rebuilt_ms": now})
@@ -175,34 +258,78 @@ class Rebuilder:
             session.execute(update(RESTOCK_NODES).where(RESTOCK_NODES.c.redis_id == node)
                             .values(rebuilt_at=utcnow(), next_maintain_at=utcnow()
                                     + timedelta(milliseconds=self.every_ms)))
-        log.info("node %d rebuilt: term %d, %d SKUs, %d items re-issued", node, term,
-                 len(stock), len(reissue))
-        return RebuildReport(node, RebuildOutcome.REBUILT, term, len(stock), len(reissue),
-                             next_ms)
+        log.info("node %d rebuilt: term %d, %d SKUs, %d items re-issued", node,
+                 generation.term, len(stock), len(read.holding))
+        return RebuildReport(node, RebuildOutcome.REBUILT, generation.term, len(stock),
+                             len(read.holding), next_ms)
 
-    def _read(self) -> tuple[list[tuple[str, int]], list[Any]]:
+    def _progress(self, lease: Lease) -> None:
+        """After each chunk read: the seam, then proof of progress (or LeaseLost)."""
+        if self.on_read is not None:
+            self.on_read()
+        lease.check()
+        lease.heartbeat()
+
+    def _read(self, lease: Lease) -> _Read:
+        """Everything the recount needs, from one database snapshot, chunk by chunk."""
         node = self.node.redis_id
         with self.sessions() as session:
+            if session.get_bind().dialect.name != "sqlite":  # SQLite reads one snapshot
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            generation = recorded_generation(session, node)
             skus = [(r.sku_id, int(r.total)) for r in session.execute(
                 select(SKUS.c.sku_id, SKUS.c.total).where(SKUS.c.redis_id == node)
                 .order_by(SKUS.c.sku_id))]
-            items = list(session.execute(
+            out: dict[str, int] = defaultdict(int)
+            for part in _chunks(skus, self.chunk):
+                for sku_id, qty in session.execute(
+                        select(ORDER_ITEMS.c.sku_id, func.sum(ORDER_ITEMS.c.qty))
+                        .where(ORDER_ITEMS.c.sku_id.in_([sku for sku, _ in part]),
+                               ORDER_ITEMS.c.state == ItemState.PAID)
+                        .group_by(ORDER_ITEMS.c.sku_id)):
+                    out[sku_id] += int(qty)
+                self._progress(lease)
+            unpaid = self._unpaid(session, lease)
+        holding = self._holding(unpaid)
+        for item in holding:
+            out[item.sku_id] += item.qty
+        holding.sort(key=lambda item: (item.time_ms, item.order_item_id))
+        return _Read(generation, skus, out, holding)
+
+    def _unpaid(self, session: Session, lease: Lease) -> list[Any]:
+        """The node's 'held' and 'reserving' items, by keyset chunks (a delay's worth)."""
+        rows: list[Any] = []
+        last = ""
+        while True:
+            part = list(session.execute(
                 select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.sku_id, ORDER_ITEMS.c.qty,
                        ORDER_ITEMS.c.state, ORDER_ITEMS.c.queue, ORDER_ITEMS.c.time_ms,
                        ORDERS.c.member_id)
                 .join(ORDERS, ORDERS.c.order_id == ORDER_ITEMS.c.order_id)
-                .where(ORDER_ITEMS.c.redis_id == node,
-                       ORDER_ITEMS.c.state.in_((ItemState.RESERVING, *ItemState.OUT)))
-                .order_by(ORDER_ITEMS.c.time_ms, ORDER_ITEMS.c.order_item_id)))
-        return skus, items
+                .where(ORDER_ITEMS.c.redis_id == self.node.redis_id,
+                       ORDER_ITEMS.c.state.in_((ItemState.RESERVING, ItemState.HELD)),
+                       ORDER_ITEMS.c.order_item_id > last)
+                .order_by(ORDER_ITEMS.c.order_item_id).limit(self.chunk)))
+            rows += part
+            self._progress(lease)
+            if len(part) < self.chunk:
+                return rows
+            last = part[-1].order_item_id
 
-    def _on_record(self, reserving: list[Any]) -> set[str]:
-        """The 'reserving' items whose deduction did happen in Redis."""
-        if not reserving:
-            return set()
-        ids = [i.order_item_id for i in reserving]
-        records = self.node.client.hmget(deducted_key(self.node.redis_id), ids)
-        return {oid for oid, record in zip(ids, records, strict=True) if record is not None}
+    def _holding(self, unpaid: list[Any]) -> list[Reissue]:
+        """The unpaid items that hold stock: every 'held' one, and each 'reserving' one whose
+        deduction is on record in Redis (its time is the record's)."""
+        reserving = [i.order_item_id for i in unpaid if i.state == ItemState.RESERVING]
+        times: dict[str, int] = {}
+        for ids in _chunks(reserving, self.chunk):
+            records = self.node.client.hmget(deducted_key(self.node.redis_id), list(ids))
+            for oid, record in zip(ids, records, strict=True):
+                if record is not None:
+                    times[oid] = _record_time(record)
+        return [Reissue(i.queue, i.order_item_id, i.sku_id, i.qty,
+                        times.get(i.order_item_id, i.time_ms), i.member_id)
+                for i in unpaid
+                if i.state == ItemState.HELD or i.order_item_id in times]
 
     def _next_term(self) -> int:
         node = self.node.redis_id
@@ -220,7 +347,8 @@ class Rebuilder:
         return term
 
     def _promote(self, entries: list[Any]) -> None:
-        """Record each re-issued entry; a 'reserving' item on record becomes 'held'."""
+        """Record each re-issued entry (and its offset); a 'reserving' item on record becomes
+        'held'."""
         if not entries:
             return
         with self.sessions.begin() as session:
@@ -230,4 +358,13 @@ class Rebuilder:
                     .where(ORDER_ITEMS.c.order_item_id == entry.order_item_id,
                            ORDER_ITEMS.c.state.in_((ItemState.RESERVING, ItemState.HELD)))
                     .values(state=ItemState.HELD, entry=format_entry(entry),
+                            time_ms=entry.time_ms, redo_offset=entry.offset,
                             updated_at=utcnow()))
+
+
+def _record_time(record: bytes | str) -> int:
+    """The time of a deduction on record (0 if the record is not an entry)."""
+    try:
+        return parse_entry(record).time_ms
+    except MalformedEntry:
+        return 0

@@ -189,9 +189,13 @@ class OrderItem(Base):
     redis_id: Mapped[int] = mapped_column(Integer)
     queue: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16), default=ItemState.RESERVING)
-    # Wall-clock ms of the order: the redo entry's time, from which its delay runs.
+    # The deduction's time on its stock node's clock (Redis TIME), from which its delay runs;
+    # 0 until the deduction is recorded.
     time_ms: Mapped[int] = mapped_column(BigInteger)
     entry: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The entry's offset on its node (None until deducted): the database's side of the node's
+    # generation, so a node that comes back behind it refuses deductions (migration 0006).
+    redo_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 

@@ -6,7 +6,7 @@ hash tag ``{node:N}``, so several nodes may also share one Redis server or one C
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +28,15 @@ class StockNode:
     leases: Leases
 
     @classmethod
-    def on(cls, redis_id: int, client: Any, leases: Leases | None = None) -> StockNode:
-        return cls(redis_id, client, StockScripts(client), leases or Leases(client))
+    def on(cls, redis_id: int, client: Any, leases: Leases | None = None,
+           clock: Callable[[], int] | None = None) -> StockNode:
+        """The node behind `client`. `clock` stands in for the node's own clock (Redis TIME)
+        in tests; production passes none."""
+        return cls(redis_id, client, StockScripts(client, clock), leases or Leases(client))
+
+    def now_ms(self) -> int:
+        """The node's clock (Redis TIME): the one clock of its due times and windows."""
+        return self.scripts.now_ms()
 
     def close(self) -> None:
         self.leases.close()

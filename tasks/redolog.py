@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tasks.validate import quote
+
 __all__ = [
     "FIELDS",
     "MAX_SKU_NUM",
@@ -53,9 +55,9 @@ class MalformedEntry(ValueError):
 def check_id(field: str, value: str) -> str:
     """Return `value` if it can be the id field `field`, else raise MalformedEntry."""
     if not isinstance(value, str) or not value:
-        raise MalformedEntry(f"{field} must be a non-empty string, got {value!r}")
+        raise MalformedEntry(f"{field} must be a non-empty string, got {quote(value)}")
     if ":" in value:
-        raise MalformedEntry(f"{field} must not contain ':', got {value!r}")
+        raise MalformedEntry(f"{field} must not contain ':', got {quote(value)}")
     return value
 
 
@@ -92,7 +94,12 @@ def format_entry(e: RedoEntry) -> str:
 
 
 def parse_entry(text: str | bytes) -> RedoEntry:
-    """Parse one entry; raise MalformedEntry naming the first bad field."""
+    """Parse one entry; raise MalformedEntry naming the first bad field.
+
+    Only the canonical text is an entry (the one :func:`format_entry` writes back, e.g. no
+    leading zeros): the drainer removes an entry from its delay queue by that text, so a
+    member that would not round-trip is dead-lettered instead of lingering.
+    """
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -101,13 +108,15 @@ def parse_entry(text: str | bytes) -> RedoEntry:
     parts = text.split(":")
     if len(parts) != len(FIELDS):
         raise MalformedEntry(
-            f"entry must have {len(FIELDS)} ':'-separated fields, got {len(parts)}: {text!r}"
-        )
+            f"entry must have {len(FIELDS)} ':'-separated fields, got {len(parts)}: "
+            f"{quote(text)}")
     values: dict[str, str | int] = {}
     for field, raw in zip(FIELDS, parts, strict=True):
         if field in _INT_FIELDS:
             if not _INT.fullmatch(raw):
-                raise MalformedEntry(f"{field} must be an integer, got {raw!r}")
+                raise MalformedEntry(f"{field} must be an integer, got {quote(raw)}")
+            if raw != str(int(raw)):
+                raise MalformedEntry(f"{field} must be a canonical integer, got {quote(raw)}")
             values[field] = int(raw)
         else:
             values[field] = raw

@@ -11,7 +11,13 @@ are called by the shop, or ad hoc::
 
 Each task is idempotent: deductions are recorded per order item, payments and releases are
 compare-and-sets, restock is offset-checked and drains and rebuilds hold leases, so a
-redelivered message (acks_late) changes nothing.
+redelivered message (acks_late) changes nothing. Drains and rebuilds that keep killing their
+process are capped at REDELIVERY_CAP attempts (per entry, per node) and dead-lettered.
+
+Arguments are checked here, before any I/O: ids are non-empty strings of at most
+ID_MAX_LEN characters (the database columns), quantities integers in 1..MAX_SKU_NUM, a node
+one of the configured ones and a queue one of its names. A bad one fails with
+InvalidArguments quoting at most a short prefix of the value.
 """
 
 from __future__ import annotations
@@ -22,15 +28,20 @@ from typing import Any
 from tasks.app import app, settings
 from tasks.base import PlatformTask
 from tasks.drain import Drainer
-from tasks.jobs import InvalidArguments
 from tasks.maintenance import Rebuilder
 from tasks.nodes import StockNode
+from tasks.redolog import MAX_SKU_NUM
 from tasks.resources import resources_for
 from tasks.retry import RetryPolicy
 from tasks.shop import OrderPending, Router, Shop, StockUnavailable
+from tasks.validate import InvalidArguments, int_arg, quote, text_arg
 
-__all__ = ["define_sku", "drain", "inspect", "pay", "place_order", "rebuild", "router",
-           "sync"]
+__all__ = ["ID_MAX_LEN", "MAX_LINES", "define_sku", "drain", "inspect", "pay", "place_order",
+           "rebuild", "router", "sync"]
+
+ID_MAX_LEN = 128  # order, member, order item and SKU ids: their String(128) columns
+MAX_LINES = 1000  # lines of one order
+TOTAL_MAX = 2**53 - 1  # a SKU's total: exact in Lua's numbers
 
 # A node in maintenance or restarting comes back within seconds; an order waits for it.
 NODE_WAIT = RetryPolicy(max_retries=8, initial_interval=0.5, max_interval=10.0,
@@ -47,17 +58,35 @@ def _shop() -> Shop:
 
 
 def _node(node: Any) -> StockNode:
-    count = len(settings.restock_nodes)
-    if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < count:
-        raise InvalidArguments(f"node must be an integer in 0..{count - 1}, got {node!r}")
-    return resources_for(settings).stock_nodes[node]
+    index = int_arg("node", node, lo=0, hi=len(settings.restock_nodes) - 1)
+    return resources_for(settings).stock_nodes[index]
 
 
 def _queue(queue: Any) -> str:
     names = router().queue_names()
+    text_arg("queue", queue, max_len=64)
     if queue not in names:
-        raise InvalidArguments(f"queue must be one of {names}, got {queue!r}")
+        raise InvalidArguments(f"queue must be one of {names}, got {quote(queue)}")
     return str(queue)
+
+
+def _id(name: str, value: Any) -> str:
+    return text_arg(name, value, max_len=ID_MAX_LEN)
+
+
+def _lines(items: Any) -> list[list[Any]]:
+    """[[order_item_id, sku_id, qty], ...]: checked for size, types, lengths and range."""
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_LINES:
+        raise InvalidArguments(f"items must be a list of 1..{MAX_LINES} "
+                               f"[order_item_id, sku_id, qty], got {quote(items)}")
+    for line in items:
+        if not isinstance(line, list) or len(line) != 3:
+            raise InvalidArguments(f"each item must be [order_item_id, sku_id, qty], got "
+                                   f"{quote(line)}")
+        _id("order_item_id", line[0])
+        _id("sku_id", line[1])
+        int_arg("qty", line[2], lo=1, hi=MAX_SKU_NUM)
+    return items
 
 
 def _drainer(node: StockNode) -> Drainer:
@@ -65,6 +94,7 @@ def _drainer(node: StockNode) -> Drainer:
         resources_for(settings).sessions, node, batch=settings.restock_batch,
         delay_ms=int(settings.restock_delay * 1000), capacity=settings.restock_capacity,
         lease_ttl=settings.lease_ttl, time_slice=min(60.0, settings.soft_time_limit / 2),
+        max_attempts=settings.redelivery_cap,
     )
 
 
@@ -75,6 +105,8 @@ def _items(results: list[Any]) -> list[dict[str, Any]]:
 @app.task(name="tasks.restock.define_sku")
 def define_sku(sku_id: str, total: int) -> dict[str, Any]:
     """Create a SKU with `total` units (idempotent)."""
+    _id("sku_id", sku_id)
+    int_arg("total", total, lo=0, hi=TOTAL_MAX)
     return {"sku_id": sku_id, "node": _shop().define_sku(sku_id, total)}
 
 
@@ -82,19 +114,21 @@ def define_sku(sku_id: str, total: int) -> dict[str, Any]:
 def place_order(order_id: str, member_id: str, items: list[list[Any]]) -> list[dict[str, Any]]:
     """Deduct every item ([order_item_id, sku_id, qty]) of an order; retried while a node is
     in maintenance or unreachable."""
-    return _items(_shop().place_order(order_id, member_id, items))
+    _id("order_id", order_id)
+    _id("member_id", member_id)
+    return _items(_shop().place_order(order_id, member_id, _lines(items)))
 
 
 @app.task(name="tasks.restock.pay", base=PlatformTask, retry_policy=NODE_WAIT)
 def pay(order_id: str) -> list[dict[str, Any]]:
     """Pay an order (refused with OrderExpired once its stock went back)."""
-    return _items(_shop().pay(order_id))
+    return _items(_shop().pay(_id("order_id", order_id)))
 
 
 @app.task(name="tasks.restock.inspect")
 def inspect(sku_id: str) -> dict[str, Any]:
     """A SKU's total, its free stock in Redis, and its quantities by item state."""
-    view = _shop().inspect(sku_id)
+    view = _shop().inspect(_id("sku_id", sku_id))
     return {**dataclasses.asdict(view), "consistent": view.consistent}
 
 
@@ -116,8 +150,10 @@ def drain(node: int, queue: str) -> dict[str, Any]:
 def rebuild(node: int, force: bool = False) -> dict[str, Any]:
     """Rebuild a node's stock from the database when its maintenance window is due."""
     found = _node(node)
+    if not isinstance(force, bool):
+        raise InvalidArguments(f"force must be true or false, got {quote(force)}")
     res = resources_for(settings)
     rebuilder = Rebuilder(res.sessions, found, router().queue_names(),
                           every_ms=int(settings.maintenance_every * 1000),
-                          lease_ttl=settings.lease_ttl)
-    return rebuilder.rebuild(force=bool(force)).as_dict()
+                          lease_ttl=settings.lease_ttl, max_attempts=settings.redelivery_cap)
+    return rebuilder.rebuild(force=force).as_dict()

@@ -14,6 +14,13 @@ them wins: a payment that comes after the release is refused (OrderExpired) and 
 after the payment finds the item paid. Every step can be repeated: a retried place_order
 finds its items in the database and gets each deduction on record back from Redis.
 
+Time: an item's time is its deduction's, stamped by the stock node's clock inside deduct.lua;
+this module reads no clock for any decision (``wall_ms`` is for display only).
+
+Generation: each deduction passes the node's generation as the database knows it (the term
+of its last rebuild, the highest offset an item recorded); a node behind it refuses (STALE)
+until rebuilt, so a node restored from an older snapshot cannot sell the same stock twice.
+
 Routing: a SKU lives on one Redis node (crc32 of its id, modulo the nodes), so "never below
 zero" is one script on one node and a rebuild recomputes a SKU in one place. Within the node,
 the member id picks the delay queue (as the seed routes by member), spreading drain work.
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,20 +43,24 @@ from tasks.models import (
     ORDER_ITEMS,
     ORDERS,
     PAYMENTS,
+    RESTOCK_NODES,
     SKUS,
     WRITE_INTENT,
     ItemState,
     utcnow,
 )
-from tasks.redolog import MAX_SKU_NUM, check_id, format_entry
+from tasks.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
 from tasks.stock import (
+    Generation,
     InsufficientStock,
     NodeMaintaining,
+    NodeStale,
     StockScripts,
     UnknownSku,
     queue_names,
     stock_key,
 )
+from tasks.validate import quote
 
 __all__ = [
     "DuplicateOrderItem",
@@ -63,13 +74,25 @@ __all__ = [
     "SkuView",
     "StockUnavailable",
     "UnknownOrder",
+    "recorded_generation",
     "wall_ms",
 ]
 
 
 def wall_ms() -> int:
-    """Wall-clock milliseconds: redo entries carry this time, delays are measured from it."""
+    """This process's wall clock in milliseconds, for display only: every due time, window
+    and expiry is read on the stock node's clock (``StockNode.now_ms``)."""
     return time.time_ns() // 1_000_000
+
+
+def recorded_generation(session: Session, redis_id: int) -> Generation:
+    """Node `redis_id`'s generation as the database recorded it: the term of its last rebuild
+    and the highest offset any of its order items holds (0 when none)."""
+    term = session.execute(select(RESTOCK_NODES.c.term)
+                           .where(RESTOCK_NODES.c.redis_id == redis_id)).scalar()
+    offset = session.execute(select(func.max(ORDER_ITEMS.c.redo_offset))
+                             .where(ORDER_ITEMS.c.redis_id == redis_id)).scalar()
+    return Generation(term=int(term or 0), offset=int(offset or 0))
 
 
 class OrderError(ValueError):
@@ -153,6 +176,16 @@ class SkuView:
 Line = tuple[str, str, int]
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """One deduction's result, to record: the item's new state, its entry (held) or reason."""
+
+    order_item_id: str
+    state: str
+    entry: RedoEntry | None
+    reason: str | None
+
+
 def _lines(items: Any) -> list[Line]:
     """Validate `items` ([[order_item_id, sku_id, qty], ...]) as task arguments arrive."""
     if not isinstance(items, list | tuple) or not items:
@@ -160,7 +193,8 @@ def _lines(items: Any) -> list[Line]:
     lines: list[Line] = []
     for item in items:
         if not isinstance(item, list | tuple) or len(item) != 3:
-            raise InvalidOrder(f"each item must be [order_item_id, sku_id, qty], got {item!r}")
+            raise InvalidOrder(f"each item must be [order_item_id, sku_id, qty], got "
+                               f"{quote(item)}")
         order_item_id, sku_id, qty = item
         try:
             check_id("order_item_id", order_item_id)
@@ -169,11 +203,11 @@ def _lines(items: Any) -> list[Line]:
             raise InvalidOrder(str(exc)) from None
         if isinstance(qty, bool) or not isinstance(qty, int) or not 0 < qty <= MAX_SKU_NUM:
             raise InvalidOrder(f"qty of {order_item_id} must be an integer in "
-                               f"1..{MAX_SKU_NUM}, got {qty!r}")
+                               f"1..{MAX_SKU_NUM}, got {quote(qty)}")
         lines.append((order_item_id, sku_id, qty))
     ids = [line[0] for line in lines]
     if len(set(ids)) != len(ids):
-        raise DuplicateOrderItem(f"order item ids repeat within the order: {ids}")
+        raise DuplicateOrderItem(f"order item ids repeat within the order: {quote(ids)}")
     return lines
 
 
@@ -192,26 +226,26 @@ class Shop:
         sessions: sessionmaker[Session],
         nodes: Sequence[StockScripts],
         router: Router,
-        clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
         if len(nodes) != router.nodes:
             raise ValueError(f"{len(nodes)} node clients for a router of {router.nodes} nodes")
         self.sessions = sessions
         self.nodes = list(nodes)
         self.router = router
-        self.clock_ms = clock_ms
 
     # SKUs --------------------------------------------------------------------------------
 
     def define_sku(self, sku_id: str, total: int) -> int:
         """Create SKU `sku_id` with `total` units (idempotent); return its node.
 
-        The database row comes first; the node's stock is set only if the node has none for
-        it yet (a rebuild writes it from the database anyway).
+        The database row comes first. Only the call that creates the SKU writes its stock
+        (no item can hold any of it yet, so total is what is free); a repeated call never
+        touches Redis: after an empty restart that would hand out stock that held and paid
+        items already took. A node missing the SKU's stock is due for a rebuild instead.
         """
         _id("sku_id", sku_id)
         if isinstance(total, bool) or not isinstance(total, int) or not 0 <= total < 2**53:
-            raise InvalidOrder(f"total must be a non-negative integer, got {total!r}")
+            raise InvalidOrder(f"total must be a non-negative integer, got {quote(total)}")
         node = self.router.node_for(sku_id)
         with self.sessions.begin() as session:
             session.connection(execution_options=WRITE_INTENT)
@@ -221,7 +255,8 @@ class Shop:
                                                     created_at=utcnow()))
             elif found.total != total:
                 raise InvalidOrder(f"SKU {sku_id} already exists with total {found.total}")
-        self.nodes[node].client.hsetnx(stock_key(node), sku_id, total)
+        if found is None:
+            self.nodes[node].client.hsetnx(stock_key(node), sku_id, total)
         return node
 
     # orders ------------------------------------------------------------------------------
@@ -237,24 +272,26 @@ class Shop:
         _id("member_id", member_id)
         lines = _lines(items)
         try:
-            pending = self._record(order_id, member_id, lines)
+            pending, generations = self._record(order_id, member_id, lines)
         except IntegrityError:
             # A concurrent copy of this call (a redelivered message) inserted the same rows
             # first: run again to find them, or to refuse a real conflict.
-            pending = self._record(order_id, member_id, lines)
-        outcomes: list[tuple[str, str, str | None, str | None]] = []
+            pending, generations = self._record(order_id, member_id, lines)
+        outcomes: list[_Outcome] = []
         try:
             for row in pending:
-                outcomes.append(self._deduct(row))
+                outcomes.append(self._deduct(row, generations[row.redis_id]))
         finally:
             self._settle(outcomes)
         return self._results(order_id)
 
-    def _record(self, order_id: str, member_id: str, lines: list[Line]) -> list[Any]:
-        """Insert the order and its new items; return the items still 'reserving'."""
+    def _record(self, order_id: str, member_id: str, lines: list[Line]
+                ) -> tuple[list[Any], dict[int, Generation]]:
+        """Insert the order and its new items; return the items still 'reserving' and the
+        generation of each of their nodes."""
         ids = [line[0] for line in lines]
         skus = sorted({line[1] for line in lines})
-        now, time_ms = utcnow(), self.clock_ms()
+        now = utcnow()
         with self.sessions.begin() as session:
             session.connection(execution_options=WRITE_INTENT)
             known = set(session.execute(select(SKUS.c.sku_id).where(SKUS.c.sku_id.in_(skus)))
@@ -278,7 +315,7 @@ class Shop:
                                 "sku_id": sku_id, "qty": qty,
                                 "redis_id": self.router.node_for(sku_id),
                                 "queue": self.router.queue_for(member_id),
-                                "state": ItemState.RESERVING, "time_ms": time_ms,
+                                "state": ItemState.RESERVING, "time_ms": 0,
                                 "updated_at": now})
                 elif (row.order_id, row.sku_id, row.qty) != (order_id, sku_id, qty):
                     raise DuplicateOrderItem(
@@ -286,23 +323,29 @@ class Shop:
                         f"{row.sku_id} of order {row.order_id}")
             if new:
                 session.execute(insert(ORDER_ITEMS), new)
-            return list(session.execute(
+            pending = list(session.execute(
                 select(ORDER_ITEMS, ORDERS.c.member_id)
                 .join(ORDERS, ORDERS.c.order_id == ORDER_ITEMS.c.order_id)
                 .where(ORDER_ITEMS.c.order_item_id.in_(ids),
                        ORDER_ITEMS.c.state == ItemState.RESERVING)
                 .order_by(ORDER_ITEMS.c.order_item_id)))
+            generations = {node: recorded_generation(session, node)
+                           for node in sorted({row.redis_id for row in pending})}
+        return pending, generations
 
-    def _deduct(self, row: Any) -> tuple[str, str, str | None, str | None]:
-        """(order_item_id, new state, entry, reason) for one reserving item."""
+    def _deduct(self, row: Any, generation: Generation) -> _Outcome:
+        """The outcome of one reserving item's deduction."""
         scripts = self.nodes[row.redis_id]
         try:
             done = scripts.deduct(row.redis_id, row.queue, row.order_item_id, row.sku_id,
-                                  row.qty, row.time_ms, row.member_id)
+                                  row.qty, row.member_id, generation)
         except InsufficientStock as exc:
-            return row.order_item_id, ItemState.REJECTED, None, str(exc)
+            return _Outcome(row.order_item_id, ItemState.REJECTED, None, str(exc))
         except NodeMaintaining as exc:
             raise StockUnavailable(f"node {row.redis_id} is in maintenance: {exc}") from exc
+        except NodeStale as exc:
+            raise StockUnavailable(f"node {row.redis_id} is older than the database ({exc}): "
+                                   "no deduction until its rebuild") from exc
         except UnknownSku as exc:
             # The database knows the SKU, so the node lost its stock (restarted empty): the
             # node's next rebuild restores it.
@@ -310,18 +353,25 @@ class Shop:
                                    "its rebuild") from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StockUnavailable(f"node {row.redis_id} is unreachable: {exc}") from exc
-        return row.order_item_id, ItemState.HELD, format_entry(done.entry), None
+        return _Outcome(row.order_item_id, ItemState.HELD, done.entry, None)
 
-    def _settle(self, outcomes: list[tuple[str, str, str | None, str | None]]) -> None:
+    def _settle(self, outcomes: list[_Outcome]) -> None:
+        """Record each outcome; a held item records its entry's time and offset (the node's
+        clock, and the database's side of the node's generation)."""
         if not outcomes:
             return
         with self.sessions.begin() as session:
-            for order_item_id, state, entry, reason in outcomes:
+            for out in outcomes:
+                values: dict[str, Any] = {"state": out.state, "reason": out.reason,
+                                          "updated_at": utcnow()}
+                if out.entry is not None:
+                    values.update(entry=format_entry(out.entry), time_ms=out.entry.time_ms,
+                                  redo_offset=out.entry.offset)
                 session.execute(
                     update(ORDER_ITEMS)
-                    .where(ORDER_ITEMS.c.order_item_id == order_item_id,
+                    .where(ORDER_ITEMS.c.order_item_id == out.order_item_id,
                            ORDER_ITEMS.c.state == ItemState.RESERVING)
-                    .values(state=state, entry=entry, reason=reason, updated_at=utcnow()))
+                    .values(**values))
 
     def _results(self, order_id: str) -> list[ItemResult]:
         with self.sessions() as session:

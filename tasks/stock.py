@@ -6,6 +6,7 @@ into per-queue redo logs, each drained through its own delay queue::
 
     deduct.lua   stock -= qty, record the deduction, append a redo-log entry
     sync.lua     redo log -> delay queue (sorted set scored by due time)
+    due.lua      the delay queue's due entries, by the node's clock
     restock.lua  due entries of unpaid orders -> stock += qty, exactly once per entry
     discard.lua  remove dead-lettered entries from the delay queue (drainer only)
     rebuild.lua  maintenance: stock from the database, a new term, pending items re-issued
@@ -17,12 +18,22 @@ maintenance window and every other script refuses).
 
 Every reply code maps to one :class:`Action` in :data:`ACTIONS`, and the wrappers of
 :class:`StockScripts` turn codes into results or exceptions; nothing else reads raw replies.
+
+One clock: entry times and "now" come from the node itself (Redis ``TIME``, read inside
+deduct.lua and due.lua), never from a worker's wall clock, so a worker whose clock is off
+moves no due time and releases nothing early. Tests substitute a fake *node* clock (shared by
+every process of the test) through ``StockScripts(clock=...)``; production passes none.
+
+One generation: the database records the node's term (every rebuild) and every deduction's
+offset; deduct.lua refuses (STALE) while the node's own term or offset counter is behind
+them, i.e. the node came back older than the database (an older snapshot, a lagging replica,
+an empty restart), until a rebuild levels it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -47,6 +58,7 @@ __all__ = [
     "ATTEMPTS_PREFIX",
     "DEDUCTED_PREFIX",
     "DISCARD",
+    "DUE",
     "META_PREFIX",
     "REBUILD",
     "DEFAULT_CAPACITY",
@@ -62,9 +74,11 @@ __all__ = [
     "OFFSET_PREFIX",
     "OK",
     "PAID",
+    "REBUILD_ATTEMPTS_PREFIX",
     "REDO_CURSOR_PREFIX",
     "REDO_PREFIX",
     "RESTOCK",
+    "STALE",
     "STOCK_PREFIX",
     "SUCCESS",
     "SYNC",
@@ -74,9 +88,11 @@ __all__ = [
     "Action",
     "BadQuantity",
     "Deduction",
+    "Generation",
     "InsufficientStock",
     "LockNotHeld",
     "NodeMaintaining",
+    "NodeStale",
     "QueueFull",
     "Reissue",
     "RestockResult",
@@ -97,6 +113,7 @@ __all__ = [
     "offset_key",
     "offsets_key",
     "queue_names",
+    "rebuild_attempts_key",
     "redo_cursor_key",
     "redo_key",
     "stock_key",
@@ -110,9 +127,12 @@ __all__ = [
 # restock.lua (plus); rebuilt from the database by the node's maintenance.
 STOCK_PREFIX = "stock:"
 
-# deducted:{node:N} -> hash order_item_id -> redo-entry text, the deduction on record. No TTL:
-# it makes a retried deduction a no-op for as long as the node lives. Owner: deduct.lua;
-# rebuild.lua replaces the record of each re-issued item; read by restock.lua (PAID rule).
+# deducted:{node:N} -> hash order_item_id -> redo-entry text, the deduction on record: it makes
+# a retried deduction a no-op while the item holds stock. No TTL; trimmed: restock.lua deletes
+# a record with the entry it records (the item's stock is settled, back or sold) and
+# discard.lua with a dead-lettered entry, so it holds one field per pending item. Owner:
+# deduct.lua; rebuild.lua replaces the record of each re-issued item; read by restock.lua (PAID
+# rule) and the rebuild ('reserving' items).
 DEDUCTED_PREFIX = "deducted:"
 
 # term:{node:N} -> integer, the node's term. No TTL. Owner: the maintenance rebuild, which
@@ -138,11 +158,14 @@ REDO_PREFIX = "redo:"
 # No TTL. Owner: sync.lua.
 REDO_CURSOR_PREFIX = "redo-cursor:"
 
-# offset:{node:N}:QUEUE -> integer, the queue's last handed-out offset. No TTL (a reset counter
-# would make restock.lua skip new entries as consumed). Owner: deduct.lua.
+# offset:{node:N} -> integer, the node's last handed-out offset (one counter for all its
+# queues, so the database's highest recorded offset tells whether the node lost deductions).
+# No TTL (a reset counter would make restock.lua skip new entries as consumed; deduct.lua
+# refuses STALE when it is behind the database). Owner: deduct.lua and rebuild.lua.
 OFFSET_PREFIX = "offset:"
 
-# offsets:{node:N}:QUEUE -> hash sku_id -> offset of the last entry restocked. No TTL. Owner:
+# offsets:{node:N}:QUEUE -> hash sku_id -> offset of the last entry restocked (or found paid).
+# No TTL; one field per SKU, deleted by every rebuild (offsets count within a term). Owner:
 # restock.lua (idempotency: HAS_BEEN_CONSUMED).
 OFFSETS_PREFIX = "offsets:"
 
@@ -150,9 +173,16 @@ OFFSETS_PREFIX = "offsets:"
 # restock.lua removes.
 DELAY_PREFIX = "delay:"
 
-# drain-attempts:{node:N}:QUEUE -> hash member -> failed attempts at restocking it. No TTL;
-# discard.lua deletes a member's count with the member. Owner: tasks.drain.
+# drain-attempts:{node:N}:QUEUE -> hash member -> drain attempts at it, counted before each
+# attempt (so a drainer that dies mid-batch counts). No TTL; restock.lua and discard.lua delete
+# a member's count with the member, so it holds at most one field per queued entry. Owner:
+# tasks.drain.
 ATTEMPTS_PREFIX = "drain-attempts:"
+
+# rebuild-attempts:{node:N} -> integer, rebuilds of the node started and not finished (a
+# rebuild that dies leaves its count). TTL: the maintenance interval, so a node whose rebuild
+# was dead-lettered is tried again once per window. Owner: tasks.maintenance.
+REBUILD_ATTEMPTS_PREFIX = "rebuild-attempts:"
 
 # The seed's numbers: unpaid orders are restocked after 10 minutes; a queue holding 100,000
 # entries stops syncing.
@@ -224,9 +254,9 @@ def redo_cursor_key(redis_id: int, queue: str) -> str:
     return f"{REDO_CURSOR_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
 
 
-def offset_key(redis_id: int, queue: str) -> str:
-    """The queue's offset counter."""
-    return f"{OFFSET_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+def offset_key(redis_id: int) -> str:
+    """The node's offset counter."""
+    return f"{OFFSET_PREFIX}{node_tag(redis_id)}"
 
 
 def offsets_key(redis_id: int, queue: str) -> str:
@@ -249,10 +279,15 @@ def attempts_key(redis_id: int, queue: str) -> str:
     return f"{ATTEMPTS_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
 
 
+def rebuild_attempts_key(redis_id: int) -> str:
+    """The node's unfinished rebuild attempts."""
+    return f"{REBUILD_ATTEMPTS_PREFIX}{node_tag(redis_id)}"
+
+
 def deduct_keys(redis_id: int, queue: str) -> list[str]:
     """Every key deduct.lua touches, in its KEYS order."""
     return [stock_key(redis_id), deducted_key(redis_id), redo_key(redis_id, queue),
-            term_key(redis_id), offset_key(redis_id, queue), maintaining_key(redis_id)]
+            term_key(redis_id), offset_key(redis_id), maintaining_key(redis_id)]
 
 
 # --- scripts and reply codes ----------------------------------------------------------------
@@ -266,6 +301,7 @@ DEDUCT = _load("deduct")
 SYNC = _load("sync")
 RESTOCK = _load("restock")
 DISCARD = _load("discard")
+DUE = _load("due")
 REBUILD = _load("rebuild")
 
 OK = "OK"
@@ -274,6 +310,7 @@ BAD_QUANTITY = "BAD_QUANTITY"
 DUPLICATE = "DUPLICATE"
 INSUFFICIENT = "INSUFFICIENT"
 MAINTAINING = "MAINTAINING"
+STALE = "STALE"
 FULL = "FULL"
 SUCCESS = "SUCCESS"
 LOCK_FAILED = "LOCK_FAILED"
@@ -301,6 +338,7 @@ ACTIONS: dict[str, Action] = {
     BAD_QUANTITY: Action.REJECTED,
     INSUFFICIENT: Action.REJECTED,
     MAINTAINING: Action.ABORT_BATCH,  # also: deduct refused; retry after the window
+    STALE: Action.ABORT_BATCH,  # deduct refused until the node's rebuild
     FULL: Action.ABORT_BATCH,
     SUCCESS: Action.RESTOCKED,
     WRONG_TERM: Action.SKIPPED,
@@ -335,6 +373,11 @@ class NodeMaintaining(StockError):
     """The node is being rebuilt; nothing was done. Try again after the window."""
 
 
+class NodeStale(StockError):
+    """The node is older than the database (its term or offset counter is behind what the
+    database recorded): it lost writes. Nothing was done; deductions wait for its rebuild."""
+
+
 class QueueFull(StockError):
     """The delay queue is at capacity; the redo log keeps the entries (backpressure)."""
 
@@ -352,9 +395,19 @@ _ERRORS: dict[str, type[StockError]] = {
     BAD_QUANTITY: BadQuantity,
     INSUFFICIENT: InsufficientStock,
     MAINTAINING: NodeMaintaining,
+    STALE: NodeStale,
     FULL: QueueFull,
     LOCK_FAILED: LockNotHeld,
 }
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How far the database has seen node's state go: the last term a rebuild handed out and
+    the highest offset an order item recorded. A node behind either lost writes."""
+
+    term: int = 0
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -388,21 +441,36 @@ def _raise_for(code: str, detail: str) -> None:
 
 
 class StockScripts:
-    """deduct.lua, sync.lua and restock.lua registered on one client, behind typed wrappers.
+    """The node's scripts registered on one client, behind typed wrappers.
 
-    Each public method checks its arguments, and its ``_do_*`` twin runs the script; callers
-    supply times (``time_ms``) so nothing here reads a clock.
+    Each public method checks its arguments, and its ``_do_*`` twin runs the script. Times
+    come from the node: `clock` is None in production (the scripts read Redis ``TIME``); a
+    test passes a fake clock that stands for the node's and is shared by all its processes.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, clock: Callable[[], int] | None = None) -> None:
         self.client = client
+        self.clock = clock
+        self.due_script = client.register_script(DUE)
         self.deduct_script = client.register_script(DEDUCT)
         self.sync_script = client.register_script(SYNC)
         self.restock_script = client.register_script(RESTOCK)
         self.discard_script = client.register_script(DISCARD)
         self.rebuild_script = client.register_script(REBUILD)
 
-    def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    def _now_arg(self) -> str:
+        """The scripts' `now` argument: '' (Redis TIME) unless a test injected a node clock."""
+        return "" if self.clock is None else str(int(self.clock()))
+
+    def now_ms(self) -> int:
+        """The node's clock in milliseconds: the one every due time and window is read on."""
+        if self.clock is not None:
+            return int(self.clock())
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int | bytes]
+            ) -> Any:
         """EVALSHA `script`; on NoScriptError load it once and EVALSHA again."""
         try:
             return self.client.evalsha(script.sha, len(keys), *keys, *args)
@@ -414,28 +482,29 @@ class StockScripts:
 
     def deduct(
         self, redis_id: int, queue: str, order_item_id: str, sku_id: str, qty: int,
-        time_ms: int, member_id: str,
+        member_id: str, generation: Generation | None = None,
     ) -> Deduction:
         """Take `qty` of `sku_id` for `order_item_id` once; return the deduction on record.
 
-        Raises UnknownSku, BadQuantity, InsufficientStock or NodeMaintaining (nothing
-        changed). A repeated call
-        for the same order item returns the original entry with ``duplicate=True``.
+        `generation` is the node's state as the database knows it (default: nothing known).
+        Raises UnknownSku, BadQuantity, InsufficientStock, NodeMaintaining or NodeStale
+        (nothing changed). A repeated call for the same order item returns the original entry
+        with ``duplicate=True``. The entry's time is the node's clock.
         """
         for field, value in (("order_item_id", order_item_id), ("sku_id", sku_id),
                              ("member_id", member_id)):
             check_id(field, value)
-        if not isinstance(time_ms, int) or time_ms < 0:
-            raise ValueError(f"time_ms must be a non-negative integer, got {time_ms!r}")
-        return self._do_deduct(redis_id, queue, order_item_id, sku_id, qty, time_ms, member_id)
+        return self._do_deduct(redis_id, queue, order_item_id, sku_id, qty, member_id,
+                               generation or Generation())
 
     def _do_deduct(
         self, redis_id: int, queue: str, order_item_id: str, sku_id: str, qty: int,
-        time_ms: int, member_id: str,
+        member_id: str, generation: Generation,
     ) -> Deduction:
         keys = deduct_keys(redis_id, queue)
-        args: list[str | int] = [order_item_id, sku_id, str(qty), time_ms, member_id, queue,
-                                 redis_id, MAX_SKU_NUM]
+        args: list[str | int] = [order_item_id, sku_id, str(qty), self._now_arg(), member_id,
+                                 queue, redis_id, MAX_SKU_NUM, generation.term,
+                                 generation.offset]
         code, detail = (_text(part) for part in self.run(self.deduct_script, keys, args))
         _raise_for(code, detail)
         return Deduction(entry=parse_entry(detail), duplicate=code == DUPLICATE)
@@ -461,11 +530,14 @@ class StockScripts:
 
     # restock -----------------------------------------------------------------------------
 
-    def due(self, redis_id: int, queue: str, now_ms: int, limit: int = 100) -> list[RedoEntry]:
-        """The delay queue's entries due at `now_ms`, earliest first (MalformedEntry if bad)."""
-        members = self.client.zrangebyscore(delay_key(redis_id, queue), "-inf", now_ms,
-                                            start=0, num=limit)
-        return [parse_entry(member) for member in members]
+    def due(self, redis_id: int, queue: str, limit: int = 100) -> list[bytes]:
+        """The delay queue's members due now by the node's clock, earliest first, as the raw
+        bytes stored (a member need not even be UTF-8)."""
+        if limit <= 0:
+            raise ValueError("limit must be positive")
+        members = self.run(self.due_script, [delay_key(redis_id, queue)],
+                           [self._now_arg(), limit])
+        return [m if isinstance(m, bytes) else str(m).encode() for m in members]
 
     def restock(
         self, redis_id: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
@@ -489,7 +561,7 @@ class StockScripts:
     ) -> list[RestockResult]:
         keys = [maintaining_key(redis_id), drain_lock_key(redis_id, queue), term_key(redis_id),
                 offsets_key(redis_id, queue), stock_key(redis_id), deducted_key(redis_id),
-                delay_key(redis_id, queue)]
+                delay_key(redis_id, queue), attempts_key(redis_id, queue)]
         args: list[str | int] = [token]
         for entry, paid in batch:
             args += [format_entry(entry), entry.order_item_id, entry.sku_id, entry.sku_num,
@@ -506,16 +578,17 @@ class StockScripts:
 
     # discard -----------------------------------------------------------------------------
 
-    def discard(self, redis_id: int, queue: str, token: str, members: Sequence[str]
-                ) -> int:
-        """Remove dead-lettered `members` from the delay queue; return how many were there.
+    def discard(self, redis_id: int, queue: str, token: str,
+                members: Sequence[str | bytes]) -> int:
+        """Remove dead-lettered `members` (exactly as stored) from the delay queue, with their
+        attempt counts and records; return how many were there.
 
         Raises LockNotHeld (nothing removed) unless `token` holds the queue's drain lease.
         """
         if not members:
             return 0
         keys = [drain_lock_key(redis_id, queue), delay_key(redis_id, queue),
-                attempts_key(redis_id, queue)]
+                attempts_key(redis_id, queue), deducted_key(redis_id)]
         code, detail = (_text(part) for part in
                         self.run(self.discard_script, keys, [token, *members]))
         _raise_for(code, f"discard on node {redis_id} queue {queue!r}")
@@ -524,21 +597,23 @@ class StockScripts:
     # rebuild -----------------------------------------------------------------------------
 
     def rebuild(
-        self, redis_id: int, queues: Sequence[str], token: str, term: int,
+        self, redis_id: int, queues: Sequence[str], token: str, generation: Generation,
         stock: Iterable[tuple[str, int]], reissue: Iterable[Reissue],
     ) -> list[RedoEntry]:
-        """Set the node's term, write `stock`, re-issue `reissue` in the new term.
+        """Set the node's term to `generation.term` and its offset counter to at least
+        `generation.offset`, write `stock`, re-issue `reissue` in the new term.
 
         One chunk of a rebuild; raises LockNotHeld (nothing changed) unless `token` holds the
         node's maintenance lease. Returns the re-issued entries.
         """
         index = {queue: q for q, queue in enumerate(queues)}
         keys = [maintaining_key(redis_id), stock_key(redis_id), term_key(redis_id),
-                deducted_key(redis_id)]
+                deducted_key(redis_id), offset_key(redis_id)]
         for queue in queues:
-            keys += [redo_key(redis_id, queue), offset_key(redis_id, queue)]
+            keys += [redo_key(redis_id, queue), offsets_key(redis_id, queue)]
         pairs = [(check_id("sku_id", sku), int(qty)) for sku, qty in stock]
-        args: list[str | int] = [token, term, redis_id, len(pairs)]
+        args: list[str | int] = [token, generation.term, redis_id, generation.offset,
+                                 len(pairs)]
         for sku, qty in pairs:
             args += [sku, qty]
         for item in reissue:

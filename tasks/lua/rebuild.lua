@@ -8,10 +8,12 @@
 -- KEYS[2]  stock:{node:N}               hash sku_id -> available quantity
 -- KEYS[3]  term:{node:N}                the node's term
 -- KEYS[4]  deducted:{node:N}            hash order_item_id -> entry text (deduction on record)
--- KEYS[5 + 2q], KEYS[6 + 2q]            for each queue q = 0, 1, ...: redo:{node:N}:QUEUE
---                                       (stream) and offset:{node:N}:QUEUE (counter)
--- ARGV[1]  token    ARGV[2]  new term    ARGV[3]  redis_id (N)    ARGV[4]  s, stock pairs
--- ARGV[5 .. 4 + 2s]                     sku_id, quantity: the stock the database says is free
+-- KEYS[5]  offset:{node:N}              the node's offset counter
+-- KEYS[6 + 2q], KEYS[7 + 2q]            for each queue q = 0, 1, ...: redo:{node:N}:QUEUE
+--                                       (stream) and offsets:{node:N}:QUEUE (restocked offsets)
+-- ARGV[1]  token    ARGV[2]  new term    ARGV[3]  redis_id (N)
+-- ARGV[4]  min_offset: the highest offset the database recorded for the node
+-- ARGV[5]  s, stock pairs;  ARGV[6 .. 5 + 2s]: sku_id, quantity (the free stock per database)
 -- then 7 fields per order item still holding stock unpaid, to re-issue in the new term:
 --          queue index q, queue name, order_item_id, sku_id, qty, time_ms, member_id
 --
@@ -20,24 +22,33 @@
 --                              queue's redo log (with the original time, so the delay does
 --                              not restart). The old entries now meet WRONG_TERM.
 --         {'LOCK_FAILED'}      the maintenance lease is not held by token: nothing changed
+-- The offset counter is raised to at least min_offset, so a node that came back older than
+-- the database (it refused deductions as STALE) is level with it again and never hands out an
+-- offset twice. The restocked offsets are per term (older entries meet WRONG_TERM before the
+-- offset check), so the new term starts them afresh.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return {'LOCK_FAILED'}
 end
 local term = ARGV[2]
 redis.call('SET', KEYS[3], term)
-local pairs_end = 4 + 2 * tonumber(ARGV[4])
-for i = 5, pairs_end, 2 do
+if tonumber(redis.call('GET', KEYS[5]) or '0') < tonumber(ARGV[4]) then
+    redis.call('SET', KEYS[5], ARGV[4])
+end
+for k = 7, #KEYS, 2 do
+    redis.call('DEL', KEYS[k])
+end
+local pairs_end = 5 + 2 * tonumber(ARGV[5])
+for i = 6, pairs_end, 2 do
     redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
 local reply = {'OK'}
 for base = pairs_end + 1, #ARGV, 7 do
     local q = tonumber(ARGV[base])
-    local redo, offset_key = KEYS[5 + 2 * q], KEYS[6 + 2 * q]
-    local offset = redis.call('INCR', offset_key)
+    local offset = redis.call('INCR', KEYS[5])
     local entry = table.concat({ARGV[base + 2], ARGV[3], ARGV[base + 1], offset, ARGV[base + 3],
                                 ARGV[base + 4], ARGV[base + 5], term, ARGV[base + 6]}, ':')
     redis.call('HSET', KEYS[4], ARGV[base + 2], entry)
-    redis.call('XADD', redo, '*', 'e', entry, 't', ARGV[base + 5])
+    redis.call('XADD', KEYS[6 + 2 * q], '*', 'e', entry, 't', ARGV[base + 5])
     reply[#reply + 1] = entry
 end
 return reply

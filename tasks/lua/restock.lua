@@ -7,6 +7,7 @@
 -- KEYS[5]  stock:{node:N}             hash sku_id -> available quantity
 -- KEYS[6]  deducted:{node:N}          hash order_item_id -> entry text (deduction on record)
 -- KEYS[7]  delay:{node:N}:QUEUE       sorted set of pending entries
+-- KEYS[8]  drain-attempts:{node:N}:QUEUE  hash member -> drain attempts (tasks.drain)
 -- ARGV[1]  token   the caller's drain-lock token
 -- ARGV[2 + 7k .. 8 + 7k], for each entry k, as parsed by tasks.redolog.parse_entry:
 --          entry text, order_item_id, sku_id, sku_num, offset, term, paid ('1' or '0', from
@@ -18,9 +19,15 @@
 --   'LOCK_FAILED'        drain lease not held by token: nothing done (abort, re-acquire)
 --   'WRONG_TERM'         entry from an older term (the rebuild already counted it): removed
 --   'HAS_BEEN_CONSUMED'  offset not above the SKU's stored offset: removed, no stock change
---   'PAID'               paid, and the deduction on record is this entry: removed, no change
+--   'PAID'               paid, and the deduction on record is this entry: offset stored,
+--                        removed, no stock change
 --   'SUCCESS'            stock += sku_num, offset stored, removed
 -- A paid order whose record is a different entry still gets this entry's stock back (seed 002).
+-- Whatever the status, the entry leaves the delay queue with its attempt count, and the
+-- deduction on record goes too when it is this entry: the item's stock is settled (back, or
+-- sold), so nothing reads the record again (a re-issued item's record is its newer entry, kept
+-- until that one is consumed). This is what keeps deducted:{node:N} bounded by the pending
+-- items instead of growing with every order.
 -- Maintenance and the lock are checked once: nothing inside one script call can change them.
 local n = (#ARGV - 1) / 7
 local statuses = {}
@@ -45,6 +52,9 @@ for k = 1, n do
     elseif offset <= tonumber(redis.call('HGET', KEYS[4], sku) or '0') then
         status = 'HAS_BEEN_CONSUMED'
     elseif ARGV[base + 6] == '1' and redis.call('HGET', KEYS[6], order_item) == entry then
+        -- Stored like a restock: a later copy of this entry (its record is gone by then)
+        -- meets HAS_BEEN_CONSUMED, not the restock of an unrecorded entry.
+        redis.call('HSET', KEYS[4], sku, offset)
         status = 'PAID'
     else
         redis.call('HINCRBY', KEYS[5], sku, qty)
@@ -52,6 +62,10 @@ for k = 1, n do
         status = 'SUCCESS'
     end
     redis.call('ZREM', KEYS[7], entry)
+    redis.call('HDEL', KEYS[8], entry)
+    if redis.call('HGET', KEYS[6], order_item) == entry then
+        redis.call('HDEL', KEYS[6], order_item)
+    end
     statuses[k] = status
 end
 return statuses

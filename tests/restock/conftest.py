@@ -1,4 +1,5 @@
-"""Restock fixtures: two real redis-server nodes, a fresh database, an injected wall clock."""
+"""Restock fixtures: two real redis-server nodes, a fresh database, and a fake clock that
+stands for the nodes' own clock (Redis TIME), shared by every shop, drainer and rebuilder."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ QUEUES = 2
 
 
 class FakeClockMs:
-    """Wall-clock milliseconds that move only when told to."""
+    """The stock nodes' clock in milliseconds, moving only when told to."""
 
     def __init__(self, now: int = T0) -> None:
         self.now = now
@@ -59,16 +60,16 @@ class World:
             node.close()
             node.client.close()
         self.nodes = [StockNode.on(i, redis.Redis(port=s.port, socket_timeout=0.5,
-                                                  socket_connect_timeout=0.5))
+                                                  socket_connect_timeout=0.5),
+                                   clock=self.clock)
                       for i, s in enumerate(self.servers)]
-        self.shop = Shop(self.sessions, [n.scripts for n in self.nodes], self.router,
-                         clock_ms=self.clock)
+        self.shop = Shop(self.sessions, [n.scripts for n in self.nodes], self.router)
         self.drainers = [Drainer(self.sessions, n, batch=7, delay_ms=DELAY_MS,
-                                 capacity=self.capacity, lease_ttl=2.0, clock_ms=self.clock)
+                                 capacity=self.capacity, lease_ttl=2.0)
                          for n in self.nodes]
         self.rebuilders = [Rebuilder(self.sessions, n, self.router.queue_names(),
-                                     every_ms=3_600_000, lease_ttl=2.0, chunk=5,
-                                     clock_ms=self.clock) for n in self.nodes]
+                                     every_ms=3_600_000, lease_ttl=2.0, chunk=5)
+                           for n in self.nodes]
 
     def close(self) -> None:
         for node in self.nodes:

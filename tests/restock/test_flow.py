@@ -321,8 +321,7 @@ def test_database_away_during_drain_stops_without_loss(shop: World) -> None:
     gone = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/test",
                        connect_args={"connect_timeout": 1})
     try:
-        away = Drainer(sessionmaker(gone), shop.nodes[0], delay_ms=DELAY_MS,
-                       clock_ms=shop.clock)
+        away = Drainer(sessionmaker(gone), shop.nodes[0], delay_ms=DELAY_MS)
         assert away.drain("q0").outcome == DrainOutcome.UNAVAILABLE
     finally:
         gone.dispose()

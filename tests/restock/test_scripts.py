@@ -1,4 +1,5 @@
-"""deduct.lua, sync.lua and restock.lua against a real private Redis: every reply code."""
+"""deduct.lua, sync.lua, due.lua, restock.lua, discard.lua and rebuild.lua against a real
+private Redis: every reply code. A fake node clock stands for the node's Redis TIME."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from tasks.stock import (
     DEFAULT_DELAY_MS,
     HAS_BEEN_CONSUMED,
     PAID,
+    STALE,
     SUCCESS,
     WRONG_TERM,
     Action,
     BadQuantity,
+    Generation,
     InsufficientStock,
     LockNotHeld,
     NodeMaintaining,
+    NodeStale,
     QueueFull,
     Reissue,
     StockScripts,
@@ -32,12 +36,14 @@ from tasks.stock import (
     delay_key,
     drain_lock_key,
     maintaining_key,
+    offset_key,
     offsets_key,
     redo_cursor_key,
     redo_key,
     stock_key,
     term_key,
 )
+from tests.restock.conftest import FakeClockMs
 from tests.support.redis_server import RedisServer
 
 NODE = 3
@@ -54,9 +60,14 @@ def client(private_redis: RedisServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def scripts(client: redis.Redis) -> StockScripts:
+def clock() -> FakeClockMs:
+    return FakeClockMs(T0)
+
+
+@pytest.fixture
+def scripts(client: redis.Redis, clock: FakeClockMs) -> StockScripts:
     client.hset(stock_key(NODE), mapping={"sku-a": 10, "sku-b": 5})
-    return StockScripts(client)
+    return StockScripts(client, clock)
 
 
 def stock(client: redis.Redis, sku: str = "sku-a") -> int:
@@ -65,7 +76,16 @@ def stock(client: redis.Redis, sku: str = "sku-a") -> int:
 
 def deduct(scripts: StockScripts, order_item: str, qty: int = 2, sku: str = "sku-a",
            time_ms: int = T0) -> RedoEntry:
-    return scripts.deduct(NODE, QUEUE, order_item, sku, qty, time_ms, "m-1").entry
+    """Deduct at node time `time_ms`."""
+    assert isinstance(scripts.clock, FakeClockMs)
+    scripts.clock.now = time_ms
+    return scripts.deduct(NODE, QUEUE, order_item, sku, qty, "m-1").entry
+
+
+def due_at(scripts: StockScripts, now_ms: int) -> list[RedoEntry]:
+    assert isinstance(scripts.clock, FakeClockMs)
+    scripts.clock.now = now_ms
+    return [parse_entry(m) for m in scripts.due(NODE, QUEUE)]
 
 
 def queued(scripts: StockScripts, *order_items: str) -> list[RedoEntry]:
@@ -85,7 +105,7 @@ def in_delay_queue(client: redis.Redis, entry: RedoEntry) -> bool:
 
 def test_deduct_ok_records_the_entry(scripts: StockScripts, client: redis.Redis) -> None:
     client.set(term_key(NODE), 4)
-    result = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 3, T0, "m-1")
+    result = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 3, "m-1")
     assert not result.duplicate
     assert result.entry == RedoEntry(order_item_id="oi-1", redis_id=NODE, queue=QUEUE, offset=1,
                                      sku_id="sku-a", sku_num=3, time_ms=T0, term=4,
@@ -119,7 +139,7 @@ def test_deduct_script_refuses_non_decimal_quantity(
     scripts: StockScripts, client: redis.Redis, qty: str
 ) -> None:
     reply = scripts.run(scripts.deduct_script, deduct_keys(NODE, QUEUE),
-                        ["oi-1", "sku-a", qty, T0, "m-1", QUEUE, NODE, MAX_SKU_NUM])
+                        ["oi-1", "sku-a", qty, T0, "m-1", QUEUE, NODE, MAX_SKU_NUM, 0, 0])
     assert reply[0] == b"BAD_QUANTITY"
     assert stock(client) == 10
 
@@ -127,8 +147,8 @@ def test_deduct_script_refuses_non_decimal_quantity(
 def test_deduct_duplicate_returns_the_stored_entry(
     scripts: StockScripts, client: redis.Redis
 ) -> None:
-    first = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 3, T0, "m-1")
-    again = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 5, T0 + 1, "m-1")
+    first = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 3, "m-1")
+    again = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 5, "m-1")
     assert again.duplicate and again.entry == first.entry
     assert stock(client) == 7
     assert client.xlen(redo_key(NODE, QUEUE)) == 1
@@ -167,7 +187,7 @@ def test_sync_ok_moves_entries_once(scripts: StockScripts, client: redis.Redis) 
                       for e in entries]
     # Synced entries are trimmed from the log; the last one stays as the cursor's anchor.
     assert client.xlen(redo_key(NODE, QUEUE)) == 1
-    assert scripts.due(NODE, QUEUE, T0 + DEFAULT_DELAY_MS + 10) == entries[:2]
+    assert due_at(scripts, T0 + DEFAULT_DELAY_MS + 10) == entries[:2]
 
 
 def test_sync_scores_follow_offset_order_despite_clock_skew(
@@ -176,7 +196,7 @@ def test_sync_scores_follow_offset_order_despite_clock_skew(
     late = deduct(scripts, "oi-1", time_ms=T0 + 5000)
     early = deduct(scripts, "oi-2", time_ms=T0)
     scripts.sync(NODE, QUEUE)
-    assert scripts.due(NODE, QUEUE, 2 * T0) == [late, early]
+    assert due_at(scripts, 2 * T0) == [late, early]
 
 
 def test_sync_maintaining(scripts: StockScripts, client: redis.Redis) -> None:
@@ -304,7 +324,8 @@ def test_restock_mixed_batch(scripts: StockScripts, client: redis.Redis) -> None
 
 def test_every_reply_code_has_one_action() -> None:
     codes = {"OK", "UNKNOWN_SKU", "BAD_QUANTITY", "DUPLICATE", "INSUFFICIENT", "MAINTAINING",
-             "FULL", "SUCCESS", "LOCK_FAILED", "WRONG_TERM", "HAS_BEEN_CONSUMED", "PAID"}
+             "STALE", "FULL", "SUCCESS", "LOCK_FAILED", "WRONG_TERM", "HAS_BEEN_CONSUMED",
+             "PAID"}
     assert set(ACTIONS) == codes
 
 
@@ -352,7 +373,8 @@ def test_rebuild_sets_stock_and_term_and_reissues(
     client.set(maintaining_key(NODE), "maint")
     item = Reissue(queue=QUEUE, order_item_id="oi-r", sku_id="sku-a", qty=3, time_ms=T0,
                    member_id="m-1")
-    (new,) = scripts.rebuild(NODE, [QUEUE], "maint", 7, [("sku-a", 4), ("sku-c", 9)], [item])
+    (new,) = scripts.rebuild(NODE, [QUEUE], "maint", Generation(7, 0),
+                             [("sku-a", 4), ("sku-c", 9)], [item])
     assert int(client.get(term_key(NODE)) or 0) == 7
     assert stock(client) == 4 and stock(client, "sku-c") == 9
     assert stock(client, "sku-b") == 5  # SKUs the rebuild did not name are left alone
@@ -367,14 +389,92 @@ def test_rebuild_sets_stock_and_term_and_reissues(
     results = scripts.restock(NODE, QUEUE, TOKEN, [(old, False), (new, False)])
     assert [r.status for r in results] == [WRONG_TERM, SUCCESS]
     assert stock(client) == 7
+    assert client.hlen(deducted_key(NODE)) == 0  # the re-issued entry took its record along
 
 
 def test_rebuild_refused_without_the_maintenance_lease(
     scripts: StockScripts, client: redis.Redis
 ) -> None:
     with pytest.raises(LockNotHeld):
-        scripts.rebuild(NODE, [QUEUE], "maint", 7, [("sku-a", 1)], [])
+        scripts.rebuild(NODE, [QUEUE], "maint", Generation(7, 0), [("sku-a", 1)], [])
     client.set(maintaining_key(NODE), "someone-else")
     with pytest.raises(LockNotHeld):
-        scripts.rebuild(NODE, [QUEUE], "maint", 7, [("sku-a", 1)], [])
+        scripts.rebuild(NODE, [QUEUE], "maint", Generation(7, 0), [("sku-a", 1)], [])
     assert stock(client) == 10 and client.get(term_key(NODE)) is None
+
+
+# --- issue 9: one clock, one generation, bounded records --------------------------------------
+
+
+def test_deduct_and_due_read_the_node_clock_when_none_is_injected(client: redis.Redis) -> None:
+    client.hset(stock_key(NODE), "sku-a", 10)
+    scripts = StockScripts(client)  # production: Redis TIME inside the scripts
+    seconds, micros = client.time()
+    before = int(seconds) * 1000 + int(micros) // 1000
+    entry = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 1, "m-1").entry
+    assert before <= entry.time_ms <= scripts.now_ms()
+    assert scripts.sync(NODE, QUEUE, delay_ms=0) == 1
+    assert scripts.due(NODE, QUEUE) == [format_entry(entry).encode()]
+    assert scripts.sync(NODE, QUEUE, delay_ms=60_000) == 0
+    assert deduct_keys(NODE, QUEUE)[4] == offset_key(NODE)
+
+
+@pytest.mark.parametrize(("redis_term", "redis_offset", "known"), [
+    (None, None, Generation(1, 0)),  # restarted empty after a rebuild
+    (None, None, Generation(0, 4)),  # restarted empty after orders
+    (3, 9, Generation(4, 9)),  # an older snapshot from before the last rebuild
+    (3, 9, Generation(3, 12)),  # an older snapshot missing three deductions
+])
+def test_deduct_refuses_a_node_older_than_the_database(
+    scripts: StockScripts, client: redis.Redis, redis_term: int | None,
+    redis_offset: int | None, known: Generation,
+) -> None:
+    if redis_term is not None:
+        client.set(term_key(NODE), redis_term)
+        client.set(offset_key(NODE), redis_offset or 0)
+    with pytest.raises(NodeStale) as info:
+        scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 1, "m-1", known)
+    assert info.value.code == STALE and ACTIONS[STALE] == Action.ABORT_BATCH
+    assert stock(client) == 10 and client.hlen(deducted_key(NODE)) == 0
+    level = Generation(int(client.get(term_key(NODE)) or 0), known.offset)
+    client.set(offset_key(NODE), known.offset)
+    assert scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 1, "m-1", level).entry.offset == (
+        known.offset + 1)
+
+
+def test_rebuild_levels_the_offset_counter_and_restarts_restocked_offsets(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    (entry,) = queued(scripts, "oi-1")
+    scripts.restock(NODE, QUEUE, TOKEN, [(entry, False)])
+    assert client.hlen(offsets_key(NODE, QUEUE)) == 1
+    client.set(maintaining_key(NODE), "maint")
+    scripts.rebuild(NODE, [QUEUE], "maint", Generation(2, 40), [], [])
+    assert int(client.get(offset_key(NODE)) or 0) == 40
+    assert client.exists(offsets_key(NODE, QUEUE)) == 0
+    scripts.rebuild(NODE, [QUEUE], "maint", Generation(2, 5), [], [])  # never backwards
+    assert int(client.get(offset_key(NODE)) or 0) == 40
+
+
+def test_consumed_entries_take_their_records_and_attempts_along(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    paid, unpaid = queued(scripts, "oi-p", "oi-u")
+    for entry in (paid, unpaid):
+        client.hset(attempts_key(NODE, QUEUE), format_entry(entry), 1)
+    results = scripts.restock(NODE, QUEUE, TOKEN, [(paid, True), (unpaid, False)])
+    assert [r.status for r in results] == [PAID, SUCCESS]
+    assert client.hlen(deducted_key(NODE)) == 0 and client.hlen(attempts_key(NODE, QUEUE)) == 0
+    # A later copy of the paid entry (its record gone) is consumed, not restocked.
+    client.zadd(delay_key(NODE, QUEUE), {format_entry(paid): 1})
+    (again,) = scripts.restock(NODE, QUEUE, TOKEN, [(paid, True)])
+    assert again.status == HAS_BEEN_CONSUMED and stock(client) == 8
+
+
+def test_discard_removes_raw_bytes_and_the_record(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    (entry,) = queued(scripts, "oi-x")
+    client.zadd(delay_key(NODE, QUEUE), {b"\xff\xfe": 0})
+    assert scripts.discard(NODE, QUEUE, TOKEN, [b"\xff\xfe", format_entry(entry)]) == 2
+    assert client.zcard(delay_key(NODE, QUEUE)) == 0 and client.hlen(deducted_key(NODE)) == 0

@@ -3,6 +3,7 @@ arguments through Celery, and a drainer SIGKILLed in the middle of a batch."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from sqlalchemy import Engine
 
@@ -18,7 +20,14 @@ from tasks.drain import DrainOutcome
 from tasks.models import ItemState
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.redis_server import RedisServer
-from tests.support.workers import ROOT, Proc, platform_env, start_worker, wait_until
+from tests.support.workers import (
+    ROOT,
+    Proc,
+    celery_call,
+    platform_env,
+    start_worker,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,9 +94,11 @@ def test_worker_and_beat_return_unpaid_stock_and_keep_paid_stock_sold(
 
 
 BAD_CALLS = [
-    ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", -1]]], "InvalidOrder"),
-    ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", 2**40]]], "InvalidOrder"),
-    ("tasks.restock.place_order", ["o-1", "m-1", "i-1"], "InvalidOrder"),
+    ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", -1]]], "InvalidArguments"),
+    ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", 2**40]]],
+     "InvalidArguments"),
+    ("tasks.restock.place_order", ["o-1", "m-1", "i-1"], "InvalidArguments"),
+    ("tasks.restock.place_order", ["o-1", "m-1", [["i:1", "sku-a", 1]]], "InvalidOrder"),
     ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-zz", 1]]], "UnknownSku"),
     ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", 1], ["i-1", "sku-a", 1]]],
      "DuplicateOrderItem"),
@@ -95,7 +106,7 @@ BAD_CALLS = [
     ("tasks.restock.drain", [7, "q0"], "InvalidArguments"),
     ("tasks.restock.sync", [0, "q9"], "InvalidArguments"),
     ("tasks.restock.rebuild", ["0"], "InvalidArguments"),
-    ("tasks.restock.define_sku", ["sku-b", -5], "InvalidOrder"),
+    ("tasks.restock.define_sku", ["sku-b", -5], "InvalidArguments"),
 ]
 
 
@@ -114,6 +125,52 @@ def test_bad_arguments_fail_clearly_and_change_nothing(platform: dict[str, Any])
         call(client, "tasks.restock.inspect", "sku-b")
 
 
+LONG_ID = "o" * 200  # longer than its String(128) column: a raw DataError on PostgreSQL before
+HUGE = "x" * 100_000  # as much as one command-line argument may carry
+SIZE_CALLS = [  # (task, args, the argument the error must name); the first four via `celery call`
+    ("tasks.restock.place_order", [LONG_ID, "m-1", [["i-1", "sku-a", 1]]], "order_id"),
+    ("tasks.restock.define_sku", [HUGE, 5], "sku_id"),
+    ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", 2**31]]], "qty"),
+    ("tasks.restock.drain", [10**30, "q0"], "node"),
+    ("tasks.restock.place_order", ["o-1", HUGE, [["i-1", "sku-a", 1]]], "member_id"),
+    ("tasks.restock.place_order", ["o-1", "m-1", [[LONG_ID, "sku-a", 1]]], "order_item_id"),
+    ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", LONG_ID, 1]]], "sku_id"),
+    ("tasks.restock.pay", [LONG_ID], "order_id"),
+    ("tasks.restock.inspect", [HUGE], "sku_id"),
+    ("tasks.restock.sync", [0, HUGE], "queue"),
+    ("tasks.restock.rebuild", [-1], "node"),
+]
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+def test_oversized_ids_and_out_of_range_numbers_fail_clearly_through_celery_call(
+    platform: dict[str, Any], private_redis: RedisServer
+) -> None:
+    env, client, procs = platform["env"], platform["client"], platform["procs"]
+    worker = start_worker(env, 1, "sizes")
+    procs.append(worker)
+    call(client, "tasks.restock.define_sku", "sku-a", 5)
+    for n, (task, args, name) in enumerate(SIZE_CALLS):
+        if n < 4:
+            done = celery_call(env, task, "--args", json.dumps(args))
+            assert done.returncode == 0, done.stderr
+            task_id = done.stdout.strip().splitlines()[-1]
+        else:
+            task_id = client.send_task(task, args=args).id
+        with pytest.raises(Exception) as caught:
+            client.AsyncResult(task_id).get(timeout=30)
+        message = str(caught.value)
+        assert type(caught.value).__name__ == "InvalidArguments", (task, name, message[:300])
+        assert message.startswith(name) and len(message) < 300, message[:400]
+        with redis.Redis.from_url(private_redis.url) as backend:
+            stored = backend.get(f"celery-task-meta-{task_id}") or b""
+        # The stored error is short (the call's own args are the app's result_extended
+        # metadata, kept or not by the app's settings, not by this task).
+        assert len(json.dumps(json.loads(stored)["result"])) < 2000, task
+    assert call(client, "tasks.restock.inspect", "sku-a")["redis_stock"] == 5
+    assert max(len(line) for line in worker.output().splitlines()) < 4000
+
+
 def test_a_drainer_killed_mid_batch_loses_nothing_and_restocks_once(world: World) -> None:
     world.shop.define_sku("sku-a", 20)
     for i in range(6):
@@ -122,7 +179,7 @@ def test_a_drainer_killed_mid_batch_loses_nothing_and_restocks_once(world: World
     world.clock.advance(DELAY_MS + 100)
     world.drainers[0].sync("q0")
     argv = [sys.executable, "-m", "tests.restock.drainer_proc", world.servers[0].url,
-            world.sessions.kw["bind"].url.render_as_string(False), "0", "q0",
+            world.sessions.kw["bind"].url.render_as_string(False), "0", "stall", "q0",
             str(world.clock()), "1.5"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=platform_env(), stdout=subprocess.PIPE,
                             text=True)
