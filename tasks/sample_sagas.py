@@ -33,8 +33,9 @@ def sleepy_saga(order_id: str, seconds: float, then_ship: bool = False) -> list[
     """Reserve and charge, then sleep (tests kill, revoke or pause it while it sleeps); with
     `then_ship`, ship after the sleep."""
     order_id, _ = check_order(order_id)
+    seconds = _seconds(seconds)
     run_steps(order_id, None, STEPS[:2])
-    time.sleep(_seconds(seconds))
+    time.sleep(seconds)
     if then_ship:
         run_steps(order_id, None, STEPS[2:])
     return ledger(order_id)
@@ -92,9 +93,10 @@ def handover_saga(self: PlatformTask, order_id: str, retry_queue: str,
     reservation is carried on (and undone by the sweeper if the retry's worker dies)."""
     order_id, _ = check_order(order_id)
     retry_queue = text_arg("retry_queue", retry_queue, max_len=64)
+    seconds = _seconds(seconds)
     if self.request.retries == 0:
         run_steps(order_id, None, STEPS[:1])
         raise self.retry(queue=retry_queue, countdown=0.2, max_retries=1)
     run_steps(order_id, None, STEPS[1:2])
-    time.sleep(_seconds(seconds))
+    time.sleep(seconds)
     return ledger(order_id)

@@ -9,6 +9,7 @@ Run on SQLite, PostgreSQL and MariaDB: the fence is a compare-and-set in the dat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,3 +176,24 @@ def test_checkpoint_needs_a_platform_task(any_journal: Journal) -> None:
     result = not_a_platform_task.apply()
     assert isinstance(result.result, NotInTask) and "PlatformTask" in str(result.result)
     assert effects == [] and calls == []
+
+
+@app.task(name="tests.rollback.failing", base=PlatformTask)
+def failing() -> None:
+    _do("reserve")
+    raise RuntimeError("boom")
+
+
+def test_retention_prunes_finished_journals_and_nothing_open(any_journal: Journal) -> None:
+    failed = failing.apply()
+    assert isinstance(failed.result, RuntimeError) and undone == ["reserve"]
+    assert owner_state(any_journal, failed.id) == "rolled_back"
+    any_journal.record("t-open", "tests.manual", 0, "reserve", "test.aware", {"step": "x"})
+    assert any_journal.prune(3600.0) == (0, 0)  # younger than the retention
+    time.sleep(1.2)
+    assert any_journal.prune(1.0) == (1, 1)
+    assert rows(any_journal, failed.id) == [] and owner_state(any_journal, failed.id) is None
+    # An open journal is never pruned, however old.
+    assert rows(any_journal, "t-open") == [("reserve", "recorded")]
+    assert owner_state(any_journal, "t-open") == "running"
+    any_journal.close("t-open")
