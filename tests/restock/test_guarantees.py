@@ -31,7 +31,8 @@ from tasks.stock import (
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.workers import ROOT, platform_env
 
-pytestmark = pytest.mark.parametrize("db_kind", ["sqlite"])
+SQLITE = pytest.mark.parametrize("db_kind", ["sqlite"])
+EVERY_DATABASE = pytest.mark.parametrize("db_kind", ["sqlite", "postgresql", "mariadb"])
 
 DAY_NS = 24 * 3600 * 10**9
 
@@ -58,6 +59,7 @@ def sold(world: World, sku: str) -> int:
 # --- item 8: one clock ---------------------------------------------------------------------
 
 
+@SQLITE
 def test_skewed_worker_clocks_neither_move_due_times_nor_release_early(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -119,6 +121,7 @@ def try_to_sell(world: World, prefix: str, count: int) -> None:
             pass
 
 
+@EVERY_DATABASE
 def test_a_node_restored_from_an_older_snapshot_sells_nothing_twice(world: World) -> None:
     world.shop.define_sku("sku-a", 10)
     world.rebuild_all()
@@ -135,6 +138,7 @@ def test_a_node_restored_from_an_older_snapshot_sells_nothing_twice(world: World
     world.check_conserved()
 
 
+@SQLITE
 def test_an_empty_restart_then_define_sku_sells_nothing_twice(world: World) -> None:
     world.shop.define_sku("sku-a", 10)
     try_to_sell(world, "before", 10)
@@ -153,6 +157,7 @@ def test_an_empty_restart_then_define_sku_sells_nothing_twice(world: World) -> N
 # --- item 10: a rebuild reading for longer than its lease TTL -------------------------------
 
 
+@EVERY_DATABASE
 def test_a_rebuild_that_reads_longer_than_its_lease_ttl_completes(world: World) -> None:
     skus = [f"sku-{i}" for i in range(12)]
     for sku in skus:
@@ -179,6 +184,7 @@ def test_a_rebuild_that_reads_longer_than_its_lease_ttl_completes(world: World) 
 # --- item 11: a foreign delay-queue member ---------------------------------------------------
 
 
+@SQLITE
 def test_a_foreign_member_is_dead_lettered_once_and_removed(world: World) -> None:
     world.shop.define_sku("sku-a", 10)
     client = world.nodes[0].client
@@ -221,6 +227,7 @@ def run_orders(world: World, start: int, count: int) -> None:
     world.settle()
 
 
+@SQLITE
 def test_keys_return_to_their_baseline_whatever_the_number_of_orders(world: World) -> None:
     for sku in ("sku-a", "sku-d"):
         world.shop.define_sku(sku, 10**6)
@@ -251,6 +258,7 @@ def wait_for_lapse(world: World, key: str) -> None:
         time.sleep(0.05)
 
 
+@SQLITE
 def test_an_entry_that_kills_its_drainer_is_dead_lettered_after_the_cap(world: World) -> None:
     cap = 3
     world.shop.define_sku("sku-a", 20)
@@ -275,6 +283,7 @@ def test_an_entry_that_kills_its_drainer_is_dead_lettered_after_the_cap(world: W
     assert world.nodes[0].client.hlen(attempts_key(0, "q0")) == 0
 
 
+@SQLITE
 def test_a_rebuild_that_kills_its_worker_is_dead_lettered_once(world: World) -> None:
     cap = 2
     world.shop.define_sku("sku-a", 20)
