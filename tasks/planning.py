@@ -2,15 +2,15 @@
 
 A plan is data. The first round plans partition `i` of size `s` as ids `i*s + 1 .. (i+1)*s`
 (seed 000's pods); from then on the stored partitions are never recut, and partitions for a
-grown table are appended after the last stored `hi` with the size in force at that moment, so
-changing a job's partition size can never make two partitions overlap.
+grown table are added after the highest stored `hi` (or below the lowest `lo`) with the size
+in force at that moment, so changing a job's partition size can never make two overlap.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Partition", "plan_partitions", "plan_after", "partition_of"]
+__all__ = ["Partition", "StoredPlan", "plan_partitions", "plan_after", "partition_of"]
 
 
 class Partition(NamedTuple):
@@ -38,16 +38,28 @@ def plan_partitions(min_id: int | None, max_id: int | None, size: int) -> list[P
     return [Partition(i, i * size + 1, (i + 1) * size) for i in range(first, last + 1)]
 
 
-def plan_after(last: Partition | None, min_id: int | None, max_id: int | None,
+class StoredPlan(NamedTuple):
+    """What a job's stored partitions cover: ids `lo..hi`, partition numbers up to `last_part`."""
+
+    lo: int
+    hi: int
+    last_part: int
+
+
+def plan_after(stored: StoredPlan | None, min_id: int | None, max_id: int | None,
                size: int) -> list[Partition]:
-    """The partitions to add to a stored plan whose last partition is `last` (None: no plan
-    yet), so that every id up to `max_id` is covered; none if it already is."""
-    if last is None:
+    """The partitions to add to a stored plan so that every id in `min_id .. max_id` is
+    covered: none if it already is. New partitions lie below the stored `lo` (rows inserted
+    later with smaller explicit ids) or above the stored `hi` (the table grew), never across a
+    stored partition, and are numbered after `last_part`. `stored` None: a first plan."""
+    if stored is None:
         return plan_partitions(min_id, max_id, size)
     if size <= 0:
         raise ValueError(f"partition size must be positive, got {size}")
-    if max_id is None or max_id <= last.hi:
+    if min_id is None or max_id is None:
         return []
-    count = -(-(max_id - last.hi) // size)  # ceil
-    return [Partition(last.part + 1 + i, last.hi + 1 + i * size, last.hi + (i + 1) * size)
-            for i in range(count)]
+    below = -(-(stored.lo - min_id) // size) if min_id < stored.lo else 0  # ceil
+    above = -(-(max_id - stored.hi) // size) if max_id > stored.hi else 0
+    los = [stored.lo - (i + 1) * size for i in range(below)]
+    los += [stored.hi + 1 + i * size for i in range(above)]
+    return [Partition(stored.last_part + 1 + n, lo, lo + size - 1) for n, lo in enumerate(los)]

@@ -32,7 +32,7 @@ from lease.keys import lease_key
 from tasks.jobs import RangeJob
 from tasks.models import SCHEDULES, WORK, affected, utcnow
 from tasks.models import PartitionStatus as S
-from tasks.planning import Partition, plan_after
+from tasks.planning import StoredPlan, plan_after
 
 __all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs"]
 
@@ -147,11 +147,11 @@ def reconcile_job(
     result = Round(job.name, ran=True)
     with sessions() as session:
         lo, hi = session.execute(select(func.min(job.id_col), func.max(job.id_col))).one()
-        last = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi).where(
-            WORK.c.kind == "range", WORK.c.job == job.name)
-            .order_by(WORK.c.part.desc()).limit(1)).first()
+        plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
+                                      func.max(WORK.c.part)).where(
+            WORK.c.kind == "range", WORK.c.job == job.name)).one()
     step("read")
-    stored = Partition(last.part, last.lo, last.hi) if last is not None else None
+    stored = StoredPlan(*plan) if plan[2] is not None else None
     missing = plan_after(stored, lo, hi, job.partition_size)
     with sessions.begin() as session:
         if not _hold(session, name, term):
