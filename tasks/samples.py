@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from celery import Task
@@ -14,7 +15,7 @@ from tasks.base import PlatformTask
 from tasks.resources import resources_for
 from tasks.retry import RetryPolicy
 
-__all__ = ["flaky", "noop_bare", "noop_platform", "poison", "picky", "prompt"]
+__all__ = ["flaky", "noop_bare", "noop_platform", "poison", "picky", "prompt", "nap"]
 
 QUICK = RetryPolicy(max_retries=4, initial_interval=0.2, max_interval=1.0, multiplier=2.0,
                     randomization=0.5, retry_on=(ConnectionError,))
@@ -59,3 +60,10 @@ def poison(key: str) -> None:
 def prompt() -> str:
     """Worth running only within a second of being sent (schedule-to-start limit)."""
     return "started in time"
+
+
+@app.task(name="tasks.samples.nap", base=PlatformTask)
+def nap(seconds: float) -> float:
+    """Sleep `seconds`, then return them (a busy worker holding an unacknowledged message)."""
+    time.sleep(seconds)
+    return seconds

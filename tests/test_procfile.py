@@ -7,8 +7,11 @@ compose file names is checked to be one of the same real entry points.
 from __future__ import annotations
 
 import base64
+import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +35,13 @@ def procfile() -> dict[str, str]:
     return dict(line.split(": ", 1) for line in lines if line.strip())
 
 
+def celery_argv(line: str) -> list[str]:
+    """The `celery -A tasks ...` command inside a Procfile line (which may wrap it in a loop)."""
+    found = re.search(r"celery -A tasks [^;]*", line)
+    assert found, line
+    return shlex.split(found.group(0))
+
+
 def compose_commands() -> dict[str, list[str]]:
     spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     return {name: svc["command"] for name, svc in spec["services"].items()
@@ -39,7 +49,7 @@ def compose_commands() -> dict[str, list[str]]:
 
 
 def test_every_command_is_a_real_entry_point_of_this_project() -> None:
-    commands = [shlex.split(cmd) for cmd in procfile().values()]
+    commands = [celery_argv(cmd) for cmd in procfile().values()]
     commands += list(compose_commands().values())
     assert {argv[3] for argv in commands} == SUBCOMMANDS
     for argv in commands:
@@ -111,3 +121,50 @@ def test_flower_refuses_to_start_without_credentials(private_redis: RedisServer)
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "FLOWER_BASIC_AUTH" in proc.stdout + proc.stderr
+
+
+def test_compose_restarts_every_platform_service() -> None:
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name in ("worker", "beat", "flower", "redis", "postgres"):
+        assert spec["services"][name].get("restart") == "unless-stopped", name
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(150)
+def test_the_procfile_worker_comes_back_after_it_dies_and_stops_on_sigterm(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Honcho stops every process when one exits, so the Procfile's worker line restarts a
+    worker that died; SIGTERM to its process group (what honcho sends) still stops it."""
+    env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=f"sqlite:///{tmp_path}/p.db",
+                       WORKER_CONCURRENCY="1", PATH=f"{BIN}:{platform_env()['PATH']}")
+    line = procfile()["worker"]
+    shell = Proc(["sh", "-c", line], env, "procfile-worker")
+    try:
+        shell.wait_for("ready.", timeout=90)
+        (first,) = _children(shell.pid)
+        os.kill(first, signal.SIGKILL)
+        shell.wait_for("restarting in 2 s", timeout=30)
+        deadline = time.monotonic() + 90
+        while shell.output().count("ready.") < 2:
+            assert shell.popen.poll() is None, shell.output()[-3000:]
+            assert time.monotonic() < deadline, shell.output()[-3000:]
+            time.sleep(0.3)
+        assert _children(shell.pid) and _children(shell.pid) != [first]
+        shell.signal(signal.SIGTERM, group=True)
+        assert shell.popen.wait(60) == 0
+        assert "Warm shutdown" in shell.output()
+    finally:
+        shell.stop()
