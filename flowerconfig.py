@@ -4,6 +4,9 @@ Flower never starts without basic auth: the credentials come from FLOWER_BASIC_A
 (`user:password`, comma-separated for several users), never from the command line, so they do not
 show in `ps`. It listens on loopback unless FLOWER_ADDRESS says otherwise, because Flower's
 `/metrics` and `/healthcheck` endpoints bypass basic auth.
+
+This file is read only from the working directory; tasks/flowerguard.py enforces the same two
+rules from the `tasks` package, so they hold wherever Flower is started.
 """
 
 import os

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery
 
 from beat.schedule import beat_schedule
-from tasks import brokerfix
+from tasks import brokerfix, flowerguard
 from tasks.retry import check_policy
 from tasks.settings import Settings, SettingsError, load_settings, redact
 
@@ -94,6 +94,8 @@ def check_time_limits(celery_app: Celery) -> None:
 
 # Workers must survive a broker restart: see tasks/brokerfix.py (kombu#970 family).
 brokerfix.install()
+# Flower refuses to start without auth and binds loopback, from any directory.
+flowerguard.install()
 settings = load_settings()
 app = Celery("tasks", include=TASK_MODULES + (DEV_TASK_MODULES if settings.dev_tasks else []))
 app.conf.update(configure(settings))

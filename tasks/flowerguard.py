@@ -1,0 +1,54 @@
+"""Flower fails closed from any working directory (issue 9 item 14).
+
+`flowerconfig.py` is read only from the working directory, so `celery -A tasks flower` started
+elsewhere (a systemd unit, another checkout) used to serve every page, task arguments and
+`/metrics` on 0.0.0.0 without authentication. The rules are therefore enforced here, from the
+package every `celery -A tasks` process imports:
+
+- no basic-auth credentials (FLOWER_BASIC_AUTH=user:password) -> Flower refuses to start;
+- no address given (FLOWER_ADDRESS or --address) -> it listens on 127.0.0.1 only, because
+  Flower's `/metrics` and `/healthcheck` bypass basic auth.
+
+The check wraps `flower.app.Flower.start_http_server`, which runs after Flower has applied its
+environment variables, its configuration file and its command line, and before it binds a socket.
+The celery CLI imports Flower's command (an entry point) before it imports this package, so the
+wrapper is installed only in processes that can run Flower; other processes import nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["install", "check_options", "FLOWER_DEFAULT_ADDRESS", "REFUSAL"]
+
+FLOWER_DEFAULT_ADDRESS = "127.0.0.1"
+REFUSAL = ("FLOWER_BASIC_AUTH must be set to user:password before starting Flower "
+           "(Flower is never started without authentication)")
+
+
+def check_options(options: Any) -> None:
+    """Refuse Flower options without basic auth; default the address to loopback."""
+    credentials = [c for c in (options.basic_auth or []) if c and ":" in c]
+    if not credentials or len(credentials) != len(options.basic_auth):
+        raise SystemExit(REFUSAL)
+    if not options.address and not options.unix_socket:
+        options.address = FLOWER_DEFAULT_ADDRESS
+
+
+def install() -> None:
+    """Wrap Flower's server start once, if this process has Flower loaded (idempotent)."""
+    module = sys.modules.get("flower.app")
+    if module is None:
+        return
+    flower_cls = module.Flower
+    original = flower_cls.start_http_server
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    def start_http_server(self: Any) -> Any:
+        check_options(self.options)
+        return original(self)
+
+    start_http_server.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(flower_cls, "start_http_server", start_http_server)  # noqa: B010
