@@ -6,12 +6,15 @@ from typing import Any
 
 from tasks.stock import queue_names
 
-__all__ = ["beat_schedule"]
+__all__ = ["beat_schedule", "PRUNE_INTERVAL"]
+
+# Seconds between dead-letter prunes (DEAD_LETTER_RETENTION is days; an hour late is nothing).
+PRUNE_INTERVAL = 3600.0
 
 
 def beat_schedule(
     reconcile_interval: float, restock_nodes: int = 1, queues: int = 2,
-    restock_interval: float = 5.0,
+    restock_interval: float = 5.0, prune_interval: float = PRUNE_INTERVAL,
 ) -> dict[str, dict[str, Any]]:
     """The periodic tasks. A periodic message that waited a whole interval is stale: the next
     one supersedes it, so it expires instead of piling up behind busy workers.
@@ -33,6 +36,12 @@ def beat_schedule(
             "task": "tasks.rollback.sweep",
             "schedule": reconcile_interval,
             "options": expires,
+        },
+        # Deletes dead letters older than DEAD_LETTER_RETENTION.
+        "prune-dead-letters": {
+            "task": "tasks.health.prune_dead_letters",
+            "schedule": prune_interval,
+            "options": {"expires": prune_interval},
         },
     }
     for node in range(restock_nodes):

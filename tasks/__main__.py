@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasks.settings import redact
+
+if TYPE_CHECKING:
+    from tasks.resources import Resources
 
 __all__ = ["main"]
 
@@ -25,10 +32,36 @@ def main(argv: list[str]) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
+    from sqlalchemy.exc import OperationalError
+
     from tasks.app import settings
     from tasks.resources import resources_for
 
+    if args.command == "status" and _missing_sqlite_file(settings.database_url):
+        print(f"DATABASE_URL={redact(settings.database_url)}: the database file does not exist"
+              ": run `python -m tasks migrate` to create it", file=sys.stderr)
+        return 1
     res = resources_for(settings)
+    try:
+        return _run(args, parser, res)
+    except OperationalError as exc:
+        # A database that does not exist or does not answer: one clear line, no traceback.
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        print(f"cannot use DATABASE_URL={redact(settings.database_url)}: {reason[:300]}",
+              file=sys.stderr)
+        return 1
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    name = parsed.database or ""
+    return (parsed.get_backend_name() == "sqlite" and name not in ("", ":memory:")
+            and not name.startswith("file:") and not Path(name).exists())
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, res: Resources) -> int:
     if args.command == "migrate":
         from tasks.migrate import upgrade
 
@@ -42,22 +75,27 @@ def main(argv: list[str]) -> int:
         first, last = seed_cm_data(res.engine, args.rows)
         print(f"seeded ids {first}..{last}")
     elif args.command == "status":
-        from sqlalchemy import inspect
-
-        from tasks.shop import wall_ms
-        from tasks.status import partitions, render, render_nodes, restock_nodes
-        from tasks.stock import queue_names
-
-        if not inspect(res.engine).has_table("work_items"):
-            print("the database has no platform tables yet: run `python -m tasks migrate`",
-                  file=sys.stderr)
-            return 1
-        render(partitions(res.sessions, args.job))
-        now = wall_ms()
-        render_nodes(restock_nodes(res.sessions, res.stock_nodes,
-                                   queue_names(settings.restock_queues), now), now)
+        return _status(args, res)
     return 0
 
+
+def _status(args: argparse.Namespace, res: Resources) -> int:
+    from sqlalchemy import inspect
+
+    from tasks.shop import wall_ms
+    from tasks.status import partitions, render, render_letters, render_nodes, restock_nodes
+    from tasks.stock import queue_names
+
+    if not inspect(res.engine).has_table("work_items"):
+        print("the database has no platform tables yet: run `python -m tasks migrate`",
+              file=sys.stderr)
+        return 1
+    render(partitions(res.sessions, args.job))
+    now = wall_ms()
+    render_nodes(restock_nodes(res.sessions, res.stock_nodes,
+                               queue_names(res.settings.restock_queues), now), now)
+    render_letters(res.sessions)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

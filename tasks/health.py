@@ -1,4 +1,5 @@
-"""A small health task: `celery -A tasks call tasks.health.ping`."""
+"""Health and housekeeping tasks: `celery -A tasks call tasks.health.ping`; beat runs
+`tasks.health.prune_dead_letters` hourly (DEAD_LETTER_RETENTION)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from tasks.app import app, settings
+from tasks.deadletter import DeadLetters
 from tasks.resources import resources_for
 
-__all__ = ["ping"]
+__all__ = ["ping", "prune_dead_letters"]
 
 
 @app.task(name="tasks.health.ping")
@@ -33,3 +35,12 @@ def ping() -> dict[str, Any]:
         report["database"] = f"error: {type(exc).__name__}"
     report["status"] = "ok" if report["redis"] == report["database"] == "ok" else "degraded"
     return report
+
+
+@app.task(name="tasks.health.prune_dead_letters")
+def prune_dead_letters() -> int:
+    """Delete dead letters older than DEAD_LETTER_RETENTION; return how many were deleted.
+
+    Idempotent: a duplicate or concurrent run deletes what is left, or nothing.
+    """
+    return DeadLetters(resources_for(settings).sessions).prune(settings.dead_letter_retention)

@@ -17,6 +17,24 @@ from tasks.retry import RetryPolicy
 
 __all__ = ["flaky", "noop_bare", "noop_platform", "poison", "picky", "prompt", "nap"]
 
+# sample:{flaky,picky,poison}:{KEY}[:retries] -> attempts (and retry numbers) of a sample run.
+# TTL: SAMPLE_TTL, renewed by each attempt. Owner: the sample tasks below (tests read them).
+SAMPLE_PREFIX = "sample:"
+SAMPLE_TTL = 3600
+
+
+def _count(key: str, *, retries: int | None = None) -> int:
+    """INCR `key` (and RPUSH `retries` to `key:retries`), both with the sample TTL."""
+    client = resources_for(settings).redis
+    with client.pipeline() as pipe:
+        pipe.incr(key)
+        pipe.expire(key, SAMPLE_TTL)
+        if retries is not None:
+            pipe.rpush(f"{key}:retries", retries)
+            pipe.expire(f"{key}:retries", SAMPLE_TTL)
+        return int(pipe.execute()[0])
+
+
 QUICK = RetryPolicy(max_retries=4, initial_interval=0.2, max_interval=1.0, multiplier=2.0,
                     randomization=0.5, retry_on=(ConnectionError,))
 
@@ -34,9 +52,7 @@ def noop_platform() -> None:
 @app.task(name="tasks.samples.flaky", base=PlatformTask, bind=True, retry_policy=QUICK)
 def flaky(self: PlatformTask, key: str, failures: int) -> dict[str, Any]:
     """Fail with ConnectionError `failures` times (counted in Redis under `key`), then succeed."""
-    client = resources_for(settings).redis
-    attempt = int(client.incr(f"sample:flaky:{key}"))
-    client.rpush(f"sample:flaky:{key}:retries", self.request.retries)
+    attempt = _count(f"{SAMPLE_PREFIX}flaky:{key}", retries=self.request.retries)
     if attempt <= failures:
         raise ConnectionError(f"attempt {attempt}: the service is away")
     return {"attempts": attempt, "retries": self.request.retries}
@@ -45,14 +61,14 @@ def flaky(self: PlatformTask, key: str, failures: int) -> dict[str, Any]:
 @app.task(name="tasks.samples.picky", base=PlatformTask, retry_policy=QUICK)
 def picky(key: str) -> None:
     """Fail with a ValueError: not in the policy's retry_on, so never retried."""
-    resources_for(settings).redis.incr(f"sample:picky:{key}")
+    _count(f"{SAMPLE_PREFIX}picky:{key}")
     raise ValueError(f"{key} is malformed")
 
 
 @app.task(name="tasks.samples.poison", base=PlatformTask)
 def poison(key: str) -> None:
     """A poison message: it kills the pool process that runs it, every time."""
-    resources_for(settings).redis.incr(f"sample:poison:{key}")
+    _count(f"{SAMPLE_PREFIX}poison:{key}")
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -7,10 +7,11 @@ fails at start-up with a message that names the variable; a credential never app
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -63,6 +64,10 @@ class Settings:
     # Register the sample and test-only tasks (one of them kills its own process): never on a
     # production worker unless asked for.
     dev_tasks: bool = False
+    # Dead letters older than this are deleted by the periodic prune (beat, hourly).
+    dead_letter_retention: float = 30 * 86400.0
+    # A task message whose body is larger is refused when sent and when received.
+    max_message_bytes: int = 256 * 1024
 
     @property
     def restock_nodes(self) -> tuple[str, ...]:
@@ -92,19 +97,27 @@ class Settings:
             )
 
 
+# Query parameters whose value is a credential (`?password=`, `sslpassword=`, `token=`...).
+_SECRET_PARAM = re.compile(r"([?&;][^=&#;]*(?:pass|pwd|secret|token)[^=&#;]*=)[^&#;]*", re.I)
+
+
 def redact(url: str) -> str:
-    """Return `url` with any password replaced by `***`, for logs and error messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """Return `url` with any password replaced by `***`, for logs and error messages.
+
+    Parsed by hand rather than with urlsplit: a password with an unencoded `#`, `/` or `?`
+    would otherwise end the authority early and show its tail as the path or fragment. The
+    authority ends at the last `@`, and everything after the first `:` before it is hidden
+    (hiding too much is safe; showing a password is not). Credentials in the query string
+    are hidden too.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _SECRET_PARAM.sub(r"\1***", url)
+    userinfo, at, tail = rest.rpartition("@")
+    if at and ":" in userinfo:
+        user = userinfo.split(":", 1)[0]
+        rest = f"{user}:***@{tail}"
+    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
 
 
 def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
@@ -118,9 +131,24 @@ def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
                 f"{name}={redact(raw)!r} is not a valid URL: expected a scheme among "
                 f"{', '.join(schemes)}"
             )
+        if scheme == "rediss":
+            _check_ssl_cert_reqs(name, raw)
         return raw
 
     return parse
+
+
+SSL_CERT_REQS = ("required", "optional", "none", "cert_required", "cert_optional", "cert_none")
+
+
+def _check_ssl_cert_reqs(name: str, raw: str) -> None:
+    """Celery's broker and result backend refuse a rediss:// URL without ssl_cert_reqs on
+    first use (after start-up looked fine): refuse it at start-up instead."""
+    values = parse_qs(urlsplit(raw).query).get("ssl_cert_reqs", [])
+    if not values or values[-1].lower() not in SSL_CERT_REQS:
+        raise SettingsError(
+            f"{name}={redact(raw)!r}: a rediss:// URL must say how to check the server's "
+            "certificate, e.g. ?ssl_cert_reqs=required (or optional, none)")
 
 
 def _url_list(schemes: tuple[str, ...]) -> Callable[[str, str], tuple[str, ...]]:
@@ -188,6 +216,8 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "maintenance_every": ("MAINTENANCE_EVERY", _positive(float)),
     "journal_retention": ("JOURNAL_RETENTION", _positive(float)),
     "dev_tasks": ("DEV_TASKS", _flag),
+    "dead_letter_retention": ("DEAD_LETTER_RETENTION", _positive(float)),
+    "max_message_bytes": ("MAX_MESSAGE_BYTES", _positive(int)),
 }
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -11,9 +10,10 @@ from typing import Any
 from redis.exceptions import RedisError
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.deadletter import DeadLetters
 from tasks.drain import DEAD_LETTER_KIND
 from tasks.models import DEAD_LETTERS, WORK
 from tasks.stock import (
@@ -25,8 +25,11 @@ from tasks.stock import (
     term_key,
 )
 
-__all__ = ["NodeView", "PartitionView", "partitions", "render", "render_nodes",
-           "restock_nodes"]
+__all__ = ["NodeView", "PartitionView", "partitions", "render", "render_letters",
+           "render_nodes", "restock_nodes", "RECENT_LETTERS"]
+
+# Dead letters `status` lists (newest first, without payloads); the rest are only counted.
+RECENT_LETTERS = 10
 
 
 
@@ -99,13 +102,7 @@ class NodeView:
 def restock_nodes(sessions: sessionmaker[Session], nodes: Sequence[Any], queues: Sequence[str],
                   now_ms: int) -> list[NodeView]:
     """Term, maintenance window, queue lengths, due entries and dead letters of every node."""
-    with sessions() as session:
-        letters = list(session.execute(select(DEAD_LETTERS.c.payload)
-                                       .where(DEAD_LETTERS.c.kind == DEAD_LETTER_KIND)))
-    per_node: dict[int, int] = {}
-    for (payload,) in letters:
-        node_id = json.loads(payload).get("node")
-        per_node[node_id] = per_node.get(node_id, 0) + 1
+    per_node = _letters_per_node(sessions, [node.redis_id for node in nodes])
     views = []
     for node in nodes:
         n = node.redis_id
@@ -134,6 +131,24 @@ def restock_nodes(sessions: sessionmaker[Session], nodes: Sequence[Any], queues:
                               None if next_ms is None else int(next_ms), queued, due, backlog,
                               per_node.get(n, 0)))
     return views
+
+
+def _letters_per_node(sessions: sessionmaker[Session], node_ids: Sequence[int]
+                      ) -> dict[int, int]:
+    """Restock dead letters per node, counted by the database: no payload is loaded.
+
+    The node is only in the JSON payload, written with sorted keys, so `"node": N, "queue"`
+    appears exactly once in a letter of node N (a quote inside a JSON string is escaped, so an
+    entry's text cannot imitate it).
+    """
+    d = DEAD_LETTERS.c
+    counts = [func.sum(case((d.payload.like(f'%"node": {n}, "queue"%'), 1), else_=0))
+              for n in node_ids]
+    if not counts:
+        return {}
+    with sessions() as session:
+        row = session.execute(select(*counts).where(d.kind == DEAD_LETTER_KIND)).one()
+    return {n: int(c or 0) for n, c in zip(node_ids, row, strict=True)}
 
 
 def _unsynced(client: Any, stream: str, cursor: bytes | None, length: int) -> int:
@@ -169,3 +184,28 @@ def render_nodes(views: Sequence[NodeView], now_ms: int, console: Console | None
                           str(v.due[queue]), str(v.backlog[queue]),
                           str(v.dead_letters) if first else "")
     console.print(table)
+
+
+def render_letters(sessions: sessionmaker[Session], console: Console | None = None) -> None:
+    """Dead letters: a count per kind (SQL), and the newest few without their payloads."""
+    console = console or Console()
+    letters = DeadLetters(sessions)
+    counts = letters.counts()
+    if not counts:
+        console.print("no dead letters")
+        return
+    total = sum(counts.values())
+    console.print(f"dead letters: {total:,} ("
+                  + ", ".join(f"{kind}: {n:,}" for kind, n in sorted(counts.items())) + ")")
+    table = Table(title=f"newest {min(total, RECENT_LETTERS)} dead letters")
+    for column in ("id", "kind", "ref", "created (UTC)", "reason"):
+        table.add_column(column)
+    for letter in letters.recent(RECENT_LETTERS):
+        table.add_row(str(letter.id), letter.kind, quote_text(letter.ref),
+                      f"{letter.created_at:%Y-%m-%d %H:%M:%S}", quote_text(letter.reason, 120))
+    console.print(table)
+
+
+def quote_text(text: str, limit: int = 48) -> str:
+    """`text` cut to `limit` characters (a ref or reason may quote a long bad value)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"

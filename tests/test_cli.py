@@ -132,3 +132,23 @@ def test_a_scratch_database_is_claimed_only_when_empty_and_flushed_only_when_mar
     with pytest.raises(NotScratch):
         flush_scratch(client)
     assert client.keys("*") == [SENTINEL.encode()]
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://postgres@127.0.0.1:5432/rangekeeper_no_such_db",
+    "mysql+pymysql://root@127.0.0.1:3306/rangekeeper_no_such_db",
+    "sqlite:///<tmp>/missing/dir/x.sqlite",
+    "sqlite:///<tmp>/x.sqlite",
+])
+def test_status_on_a_database_that_does_not_exist_says_so_without_a_traceback(
+    private_redis: RedisServer, tmp_path: Path, url: str
+) -> None:
+    """Issue 9 item 16: one clear line and a non-zero exit, and no SQLite file is created."""
+    url = url.replace("<tmp>", str(tmp_path))
+    env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=url)
+    run = tasks_cli(env, "status")
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert ("does not exist" in run.stderr or "Unknown database" in run.stderr), run.stderr
+    assert "DATABASE_URL=" in run.stderr
+    assert not list(tmp_path.rglob("*.sqlite"))

@@ -39,9 +39,12 @@ def test_a_retryable_error_is_retried_by_its_policy(migrated_env: dict[str, str]
         worker.stop()
         app.close()
     assert result == {"attempts": 3, "retries": 2}
-    retries = redis.Redis.from_url(migrated_env["REDIS_URL"]).lrange(
-        f"sample:flaky:{key}:retries", 0, -1)
+    client = redis.Redis.from_url(migrated_env["REDIS_URL"])
+    retries = client.lrange(f"sample:flaky:{key}:retries", 0, -1)
     assert [int(r) for r in retries] == [0, 1, 2]
+    # Issue 9 item 12: sample keys end (a TTL), they do not pile up in the platform's Redis.
+    for sample_key in (f"sample:flaky:{key}", f"sample:flaky:{key}:retries"):
+        assert 0 < client.ttl(sample_key) <= 3600
 
 
 def test_a_non_retryable_error_fails_at_once(migrated_env: dict[str, str]) -> None:
@@ -55,7 +58,9 @@ def test_a_non_retryable_error_fails_at_once(migrated_env: dict[str, str]) -> No
     finally:
         worker.stop()
         app.close()
-    assert int(redis.Redis.from_url(migrated_env["REDIS_URL"]).get(f"sample:picky:{key}")) == 1
+    client = redis.Redis.from_url(migrated_env["REDIS_URL"])
+    assert int(client.get(f"sample:picky:{key}")) == 1
+    assert 0 < client.ttl(f"sample:picky:{key}") <= 3600
 
 
 @pytest.mark.timeout(180)

@@ -52,6 +52,19 @@ def test_bad_values_are_rejected_naming_the_variable(env: dict[str, str], names:
         load_settings(env)
 
 
+@pytest.mark.parametrize("name", ["REDIS_URL", "BROKER_URL", "RESULT_BACKEND"])
+@pytest.mark.parametrize("query", ["", "?ssl_cert_reqs=", "?ssl_cert_reqs=maybe"])
+def test_a_rediss_url_without_ssl_cert_reqs_is_refused_at_start_up(name: str, query: str) -> None:
+    with pytest.raises(SettingsError, match=f"{name}=.*ssl_cert_reqs") as info:
+        load_settings({name: f"rediss://:s3#cret@127.0.0.1:6380/0{query}"})
+    assert "s3" not in str(info.value) and "cret" not in str(info.value)
+
+
+def test_a_rediss_url_with_ssl_cert_reqs_is_accepted() -> None:
+    url = "rediss://127.0.0.1:6380/0?ssl_cert_reqs=required"
+    assert load_settings({"REDIS_URL": url}).broker_url == url
+
+
 def test_errors_never_show_a_password() -> None:
     with pytest.raises(SettingsError) as info:
         load_settings({"REDIS_URL": "http://user:s3cret@127.0.0.1:6379/0"})
@@ -65,6 +78,15 @@ def test_errors_never_show_a_password() -> None:
         ("postgresql://bob:pw@127.0.0.1/test", "postgresql://bob:***@127.0.0.1/test"),
         ("sqlite:///x.sqlite", "sqlite:///x.sqlite"),
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        # Issue 9 item 16: credentials in the query string, unencoded # / ? @ in passwords.
+        ("redis://127.0.0.1:6379/0?password=s3cret", "redis://127.0.0.1:6379/0?password=***"),
+        ("postgresql://bob@h/db?sslmode=require&password=s3cret&x=1",
+         "postgresql://bob@h/db?sslmode=require&password=***&x=1"),
+        ("redis://:pa#ss@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("redis://user:pa/ss@127.0.0.1:6379/0", "redis://user:***@127.0.0.1:6379/0"),
+        ("redis://:p?w@d@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("amqp://guest:guest@127.0.0.1:5672//", "amqp://guest:***@127.0.0.1:5672//"),
+        ("postgresql://bob@h/db?application_name=a@b", "postgresql://bob@h/db?application_name=a@b"),
     ],
 )
 def test_redact(url: str, shown: str) -> None:

@@ -1,0 +1,90 @@
+"""Dead letters have a retention, and `status` counts them in SQL (issue 9 item 12)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from rich.console import Console
+from sqlalchemy import Engine, event, insert
+from sqlalchemy.orm import sessionmaker
+
+from beat.schedule import beat_schedule
+from tasks.deadletter import PRUNE_BATCH, DeadLetters
+from tasks.models import DEAD_LETTERS, utcnow
+from tasks.settings import load_settings
+from tasks.status import _letters_per_node, render_letters, restock_nodes
+
+
+def _letters(engine: Engine, n: int, age_days: float, kind: str = "task",
+             node: int | None = None) -> None:
+    created = utcnow() - timedelta(days=age_days)
+    payload = json.dumps({"node": node, "queue": "q0", "entry": '"node": 9, "queue"'}
+                         if node is not None else {"task": "x"}, sort_keys=True)
+    with engine.begin() as conn:
+        conn.execute(insert(DEAD_LETTERS), [
+            {"kind": kind, "ref": f"r{i}", "reason": "boom", "payload": payload,
+             "created_at": created} for i in range(n)])
+
+
+def test_prune_deletes_only_letters_past_the_retention(engine: Engine) -> None:
+    letters = DeadLetters(sessionmaker(engine))
+    _letters(engine, PRUNE_BATCH + 5, age_days=40)  # more than one batch
+    _letters(engine, 3, age_days=1)
+    assert letters.prune(retention=30 * 86400) == PRUNE_BATCH + 5
+    assert letters.counts() == {"task": 3}
+    assert letters.prune(retention=30 * 86400) == 0  # idempotent
+
+
+def test_the_prune_is_scheduled_and_its_retention_is_a_setting() -> None:
+    entry = beat_schedule(5.0)["prune-dead-letters"]
+    assert entry["task"] == "tasks.health.prune_dead_letters"
+    assert load_settings({"DEAD_LETTER_RETENTION": "86400"}).dead_letter_retention == 86400
+    assert load_settings({}).dead_letter_retention == 30 * 86400
+    with pytest.raises(ValueError, match="DEAD_LETTER_RETENTION"):
+        load_settings({"DEAD_LETTER_RETENTION": "0"})
+
+
+def test_the_prune_task_runs_with_the_configured_retention(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks import health
+    from tasks.resources import Resources
+
+    _letters(engine, 4, age_days=2)
+    _letters(engine, 2, age_days=0)
+    res = Resources(health.settings)
+    res._sessions = sessionmaker(engine)  # the test's database, not the default file
+    monkeypatch.setattr(health, "resources_for", lambda _settings: res)
+    monkeypatch.setattr(health, "settings", health.settings.__class__(
+        dead_letter_retention=86400.0))
+    assert health.prune_dead_letters.apply().get() == 4
+    assert DeadLetters(sessionmaker(engine)).counts() == {"task": 2}
+
+
+def test_status_counts_letters_in_sql_and_lists_recent_ones_without_payloads(
+    engine: Engine,
+) -> None:
+    sessions = sessionmaker(engine)
+    _letters(engine, 3, age_days=0, kind="restock", node=0)
+    _letters(engine, 2, age_days=0, kind="restock", node=1)
+    _letters(engine, 1, age_days=0, kind="restock", node=10)
+    _letters(engine, 25, age_days=0)
+    payload_reads: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _spy(_c: object, _cur: object, statement: str, *_: object) -> None:
+        if re.search(r"dead_letters\.payload\s*(,|FROM)", statement):  # read as a column
+            payload_reads.append(statement)
+
+    assert _letters_per_node(sessions, [0, 1, 2, 10]) == {0: 3, 1: 2, 2: 0, 10: 1}
+    assert restock_nodes(sessions, [], [], 0) == []
+    out = StringIO()
+    render_letters(sessions, Console(file=out, width=200))
+    shown = out.getvalue()
+    assert "dead letters: 31 (restock: 6, task: 25)" in shown
+    assert "newest 10 dead letters" in shown and shown.count(" boom ") == 10
+    assert payload_reads == []
