@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from celery import Celery
+from celery.app.task import Task as CeleryTask
 
 from beat.schedule import beat_schedule
 from tasks import brokerfix, flowerguard
@@ -63,6 +64,8 @@ def configure(settings: Settings) -> dict[str, Any]:
                                        settings.restock_interval),
         "timezone": "UTC",
         "enable_utc": True,
+        # Read by tasks.limits on publish and on receipt.
+        "max_message_bytes": settings.max_message_bytes,
     }
 
 
@@ -97,7 +100,11 @@ brokerfix.install()
 # Flower refuses to start without auth and binds loopback, from any directory.
 flowerguard.install()
 settings = load_settings()
-app = Celery("tasks", include=TASK_MODULES + (DEV_TASK_MODULES if settings.dev_tasks else []))
+# MAX_MESSAGE_BYTES: checked on publish (the amqp class) and on receipt (every task's Strategy,
+# also PlatformTask's and plain celery.Task's).
+CeleryTask.Strategy = "tasks.limits:strategy"
+app = Celery("tasks", amqp="tasks.limits:LimitedAMQP",
+             include=TASK_MODULES + (DEV_TASK_MODULES if settings.dev_tasks else []))
 app.conf.update(configure(settings))
 
 
