@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from celery.app import backends
 from celery.app.task import Task as CeleryTask
 
 from beat.schedule import beat_schedule
 from tasks import brokerfix, flowerguard
+from tasks.limits import bound_log_handlers, bounded_backend
 from tasks.retry import check_policy
 from tasks.settings import Settings, SettingsError, load_settings, redact
 
@@ -103,9 +105,29 @@ settings = load_settings()
 # MAX_MESSAGE_BYTES: checked on publish (the amqp class) and on receipt (every task's Strategy,
 # also PlatformTask's and plain celery.Task's).
 CeleryTask.Strategy = "tasks.limits:strategy"
-app = Celery("tasks", amqp="tasks.limits:LimitedAMQP",
+
+
+class PlatformCelery(Celery):  # type: ignore[misc]
+    """Celery whose result backend stores no long strings (`tasks.limits.bounded_backend`)."""
+
+    def _get_backend(self) -> Any:
+        # Celery's own `_get_backend`, with the class wrapped: `backend_cls` cannot carry the
+        # URL, and a "module:Class+url" result_backend would change the URL users set.
+        backend_cls, url = backends.by_url(self.backend_cls or self.conf.result_backend,
+                                           self.loader)
+        return bounded_backend(backend_cls)(app=self, url=url)
+
+
+app = PlatformCelery("tasks", amqp="tasks.limits:LimitedAMQP",
              include=TASK_MODULES + (DEV_TASK_MODULES if settings.dev_tasks else []))
 app.conf.update(configure(settings))
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _bound_log_lines(logger: logging.Logger, **_: Any) -> None:
+    # No log line quotes more than a short part of a large value (MAX_MESSAGE_BYTES, item 15).
+    bound_log_handlers(logger)
 
 
 @app.on_after_finalize.connect

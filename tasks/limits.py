@@ -8,6 +8,18 @@
   backend, a dead letter (kind `oversized-message`) keeps its task name, id, size and a short
   prefix, and the message is acknowledged: it would be refused again on every redelivery.
 
+- **In results** (`bounded_backend`, the result backend the app builds): with
+  `result_extended` a stored result repeats the call's arguments, and a failure stores its
+  exception's arguments and traceback. A string argument longer than `RESULT_TEXT_LIMIT`
+  characters is stored as its quoted prefix, and a traceback keeps its head and its tail, so a
+  large argument that was allowed through (under MAX_MESSAGE_BYTES) or an exception that
+  carries a large value never becomes a large result.
+
+- **In logs** (`BoundedLines`, a filter on every handler of the worker and beat): a log record
+  longer than `LOG_LINE_LIMIT` characters (a task that failed with its 200 KB argument in
+  the exception, a received message's arguments) keeps its head and a note of what was cut;
+  so does every line of its traceback.
+
 Every message quotes at most a short prefix of the value (`tasks.validate.quote`), so a 1 MB
 argument never becomes a 1 MB error, result, dead letter or log line.
 """
@@ -15,6 +27,7 @@ argument never becomes a 1 MB error, result, dead letter or log line.
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
 
 from celery.app.amqp import AMQP
@@ -23,9 +36,19 @@ from kombu.utils.json import dumps
 
 from tasks.validate import InvalidArguments, quote
 
-__all__ = ["MessageTooLarge", "LimitedAMQP", "strategy", "OVERSIZED_KIND", "check_size"]
+__all__ = ["MessageTooLarge", "LimitedAMQP", "strategy", "OVERSIZED_KIND", "check_size",
+           "bounded_backend", "RESULT_TEXT_LIMIT", "BoundedLines", "LOG_LINE_LIMIT",
+           "bound_log_handlers"]
 
 log = logging.getLogger("tasks.limits")
+
+# A string in a stored result (an argument, an exception argument) longer than this is cut.
+RESULT_TEXT_LIMIT = 1024
+# A stored traceback keeps this many characters of its head and of its tail.
+TRACEBACK_KEEP = 4096
+
+# A log line (and each line of a logged traceback) is cut to this many characters.
+LOG_LINE_LIMIT = 2000
 
 # Dead-letter kind of a message refused on receipt for its size.
 OVERSIZED_KIND = "oversized-message"
@@ -106,3 +129,73 @@ def _refuse(task: Any, app: Any, message: Any, size: int, limit: int) -> None:
             task.backend.mark_as_failure(task_id, error)
     finally:
         message.ack()
+
+
+def _bounded(value: Any, depth: int = 0) -> Any:
+    """`value` with every long string replaced by its quoted prefix (containers kept)."""
+    if isinstance(value, str | bytes):
+        return quote(value) if len(value) > RESULT_TEXT_LIMIT else value
+    if depth < 4 and isinstance(value, list | tuple):
+        return type(value)(_bounded(item, depth + 1) for item in value)
+    if depth < 4 and isinstance(value, dict):
+        return {key: _bounded(item, depth + 1) for key, item in value.items()}
+    return value
+
+
+def _bounded_traceback(text: Any) -> Any:
+    if not isinstance(text, str) or len(text) <= 2 * TRACEBACK_KEEP:
+        return text
+    cut = len(text) - 2 * TRACEBACK_KEEP
+    return f"{text[:TRACEBACK_KEEP]}\n... ({cut:,} characters cut) ...\n{text[-TRACEBACK_KEEP:]}"
+
+
+class _BoundedResults:
+    """Mixed into the configured result backend's class: results store no long strings."""
+
+    def prepare_exception(self, exc: BaseException, serializer: Any = None) -> Any:
+        meta = super().prepare_exception(exc, serializer)  # type: ignore[misc]
+        if isinstance(meta, dict) and "exc_message" in meta:
+            meta["exc_message"] = _bounded(meta["exc_message"])
+        return meta
+
+    def _get_result_meta(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        meta: dict[str, Any] = super()._get_result_meta(*args, **kwargs)  # type: ignore[misc]
+        for key in ("args", "kwargs"):
+            if meta.get(key) is not None:
+                meta[key] = _bounded(meta[key])
+        meta["traceback"] = _bounded_traceback(meta.get("traceback"))
+        return meta
+
+
+def bounded_backend(backend_cls: type) -> type:
+    """`backend_cls` with `_BoundedResults` in front of it (any Celery result backend)."""
+    return type(f"Bounded{backend_cls.__name__}", (_BoundedResults, backend_cls), {})
+
+
+def _cut_line(line: str) -> str:
+    if len(line) <= LOG_LINE_LIMIT:
+        return line
+    return f"{line[:LOG_LINE_LIMIT]}... ({len(line) - LOG_LINE_LIMIT:,} characters cut)"
+
+
+class BoundedLines(logging.Filter):
+    """Cuts every line of a log record (message and traceback) to `LOG_LINE_LIMIT`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(len(line) > LOG_LINE_LIMIT for line in message.splitlines()):
+            record.msg = "\n".join(_cut_line(line) for line in message.splitlines())
+            record.args = None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            text = "".join(traceback.format_exception(*record.exc_info))
+            record.exc_text = "\n".join(_cut_line(line) for line in text.rstrip().splitlines())
+        elif record.exc_text:
+            record.exc_text = "\n".join(_cut_line(line) for line in record.exc_text.splitlines())
+        return True
+
+
+def bound_log_handlers(logger: logging.Logger) -> None:
+    """Put one `BoundedLines` on every handler of `logger` (Celery's setup signals call it)."""
+    for handler in logger.handlers:
+        if not any(isinstance(f, BoundedLines) for f in handler.filters):
+            handler.addFilter(BoundedLines())

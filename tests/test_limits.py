@@ -68,3 +68,34 @@ def test_a_worker_refuses_an_oversized_message_from_another_producer(
     engine.dispose()
     assert [x.ref for x in letters] == [result.id]
     assert letters[0].payload["bytes"] > MB and len(json.dumps(letters[0].payload)) < 400
+
+
+@pytest.mark.timeout(120)
+def test_a_large_value_in_a_failure_is_cut_in_the_result_and_the_log(
+    worker_env: dict[str, str]
+) -> None:
+    import redis
+
+    fresh_database(worker_env["DATABASE_URL"]).dispose()
+    worker = start_worker(worker_env, 1)
+    big = "z" * 200_000  # under MAX_MESSAGE_BYTES: allowed through, echoed by the exception
+    sender = Celery(broker=worker_env["REDIS_URL"], backend=worker_env["REDIS_URL"],
+                    set_as_current=False)
+    try:
+        result = sender.send_task("tasks.samples.picky", [big])
+        result.get(timeout=60, propagate=False)
+        assert result.state == "FAILURE" and isinstance(result.result, ValueError)
+        client = redis.Redis.from_url(worker_env["REDIS_URL"])
+        stored = client.get(f"celery-task-meta-{result.id}")
+        client.close()
+        log = worker.output()
+    finally:
+        sender.close()
+        worker.stop()
+    assert stored is not None and len(stored) < 20_000, len(stored or b"")
+    meta = json.loads(stored)
+    assert meta["status"] == "FAILURE" and meta["name"] == "tasks.samples.picky"
+    assert "zzzz" in meta["args"][0] and len(meta["args"][0]) < 200
+    assert "is malformed" not in meta["result"]["exc_message"][0]  # cut before the end
+    assert "raised unexpected: ValueError" in log or "ValueError" in log
+    assert max(len(line) for line in log.splitlines()) < 2100
