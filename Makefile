@@ -17,8 +17,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check lease tasks beat bench tests
 	$(VENV)/bin/mypy
 
+# The suite mostly waits on lease TTLs, so it runs side by side: each xdist worker has its own
+# Redis databases and database schemas (tests/__init__.py). PYTEST_WORKERS=0 runs it serially.
+PYTEST_WORKERS ?= 4
+
 test: lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m tasks demo $(DEMO_ARGS)

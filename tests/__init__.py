@@ -1,6 +1,23 @@
-"""The test suite. Runs before any test module imports `tasks`, whose settings come from env."""
+"""The test suite. Runs before any test module imports `tasks`, whose settings come from env.
+
+Under pytest-xdist (`make test` runs `pytest -n ...`) every worker process gets its own Redis
+databases and its own PostgreSQL and MariaDB databases, so tests run side by side without
+sharing state; `tests/conftest.py` creates those databases when they are missing.
+"""
 
 import os
+
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... or ""
+if _XDIST_WORKER.startswith("gw"):
+    _n = int(_XDIST_WORKER[2:])
+    if _n > 3:
+        raise RuntimeError("at most 4 xdist workers: Redis databases 1..8 are the tests' own")
+    os.environ.setdefault("TEST_REDIS_URL", f"redis://127.0.0.1:6379/{1 + 2 * _n}")
+    os.environ.setdefault("TEST_WORKER_REDIS_URL", f"redis://127.0.0.1:6379/{2 + 2 * _n}")
+    os.environ.setdefault("TEST_POSTGRES_URL",
+                          f"postgresql+psycopg://postgres@127.0.0.1:5432/test_{_XDIST_WORKER}")
+    os.environ.setdefault("TEST_MARIADB_URL",
+                          f"mysql+pymysql://root@127.0.0.1:3306/test_{_XDIST_WORKER}")
 
 WORKER_REDIS_URL = os.environ.get("TEST_WORKER_REDIS_URL", "redis://127.0.0.1:6379/11")
 # The app imported by tests sends to the same Redis database as the `worker_env` workers.

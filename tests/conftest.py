@@ -18,6 +18,14 @@ from tests.support.redis_server import RedisServer, redis_server
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_databases() -> None:
+    """This process's PostgreSQL and MariaDB databases exist (one pair per xdist worker)."""
+    from tests.support.db import ensure_databases
+
+    ensure_databases()
+
+
 @pytest.fixture
 def redis_url() -> str:
     return TEST_REDIS_URL

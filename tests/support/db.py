@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 
 from tasks.demo import reset_database
 from tasks.migrate import upgrade
@@ -16,6 +17,29 @@ DATABASES = {
                                  "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
     "mariadb": os.environ.get("TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
 }
+
+
+def ensure_databases() -> None:
+    """Create the PostgreSQL and MariaDB databases of `DATABASES` when they are missing (each
+    xdist worker has its own)."""
+    for url in DATABASES.values():
+        parsed = make_url(url)
+        name = parsed.database
+        assert name and name.replace("_", "").isalnum(), name  # a name from env, quoted below
+        server = create_engine(parsed.set(database="postgres" if parsed.get_backend_name()
+                                          == "postgresql" else None),
+                               isolation_level="AUTOCOMMIT")
+        try:
+            with server.connect() as conn:
+                if parsed.get_backend_name() == "postgresql":
+                    found = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"),
+                                         {"n": name}).first()
+                    if found is None:
+                        conn.execute(text(f'CREATE DATABASE "{name}"'))
+                else:
+                    conn.execute(text(f"CREATE DATABASE IF NOT EXISTS `{name}`"))
+        finally:
+            server.dispose()
 
 
 def database_url(kind: str, tmp_path: Path) -> str:
