@@ -26,9 +26,9 @@ def ensure_databases() -> None:
         parsed = make_url(url)
         name = parsed.database
         assert name and name.replace("_", "").isalnum(), name  # a name from env, quoted below
-        server = create_engine(parsed.set(database="postgres" if parsed.get_backend_name()
-                                          == "postgresql" else None),
-                               isolation_level="AUTOCOMMIT")
+        # Connect through the server's own database, which always exists.
+        system = "postgres" if parsed.get_backend_name() == "postgresql" else "mysql"
+        server = create_engine(parsed.set(database=system), isolation_level="AUTOCOMMIT")
         try:
             with server.connect() as conn:
                 if parsed.get_backend_name() == "postgresql":
