@@ -90,6 +90,8 @@ def test_dead_redis_is_reported_lost_within_one_ttl(
     # last renewal, before the kill); the notice lags it only by thread scheduling.
     assert lease.safe_until < killed + ttl
     assert lease.safe_until <= reported < lease.safe_until + 0.1
+    # Callbacks run after the event is set, on the watchdog thread.
+    assert wait_until(lambda: bool(lost_in), 2.0)
     assert lost_in == ["lease-watchdog"]
 
 

@@ -156,16 +156,22 @@ def test_a_poison_partition_is_failed_and_dead_lettered_after_the_cap(
     assert cluster.parts()[1].claims == 3
 
 
+@pytest.mark.parametrize("broker_too", [False, True], ids=["leases-and-results", "whole-redis"])
 def test_a_redis_restart_mid_run_finishes_exactly_once_without_an_operator(
-    engine: Engine, platform: Callable[..., Platform], private_redis: RedisServer
+    engine: Engine, platform: Callable[..., Platform], private_redis: RedisServer,
+    broker_too: bool,
 ) -> None:
-    """Leases and results on a private Redis that restarts (empty) for about a second; the
-    broker stays on the shared Redis (a broker restart is issue 9 item 6, fixed elsewhere)."""
-    broker = redis.Redis.from_url(WORKER_REDIS_URL)
-    broker.flushdb()
-    broker.close()
+    """Leases and results on a private Redis that restarts (empty) for about a second; with
+    `broker_too` the broker is on it as well (the operator's case: the one Redis of a small
+    deployment restarts), so the workers must also survive the broker's restart (item 6)."""
+    broker_url = private_redis.url
+    if not broker_too:
+        broker_url = WORKER_REDIS_URL
+        broker = redis.Redis.from_url(WORKER_REDIS_URL)
+        broker.flushdb()
+        broker.close()
     seed_cm_data(engine, 10_000)
-    cluster = platform(BROKER_URL=WORKER_REDIS_URL, RESULT_BACKEND=private_redis.url,
+    cluster = platform(BROKER_URL=broker_url, RESULT_BACKEND=private_redis.url,
                        CM_DATA_PARTITION_SIZE="5000", CM_DATA_BATCH_DELAY="0.1")
     cluster.worker("a")
     cluster.worker("b")
@@ -181,6 +187,10 @@ def test_a_redis_restart_mid_run_finishes_exactly_once_without_an_operator(
     assert all(p.status == S.DONE and p.error is None for p in parts)
     # The restart took the running partitions' leases: at least one was resumed by a new claim.
     assert sum(p.claims for p in parts) > len(parts)
+    # No process of the platform exited: workers and beat reconnected.
+    assert all(proc.popen.poll() is None for proc in cluster.procs), [
+        proc.output()[-2000:] for proc in cluster.procs if proc.popen.poll() is not None]
+    assert not any("Unrecoverable error" in proc.output() for proc in cluster.procs)
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql"], indirect=True)
