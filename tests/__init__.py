@@ -20,7 +20,12 @@ if _XDIST_WORKER.startswith("gw"):
                           f"mysql+pymysql://root@127.0.0.1:3306/test_{_XDIST_WORKER}")
 
 WORKER_REDIS_URL = os.environ.get("TEST_WORKER_REDIS_URL", "redis://127.0.0.1:6379/11")
-# The app imported by tests sends to the same Redis database as the `worker_env` workers.
-os.environ.setdefault("REDIS_URL", WORKER_REDIS_URL)
+# The app imported by tests sends to the same Redis database as the `worker_env` workers. An
+# xdist worker inherits the controller's environment, where this module set the serial
+# default, so there it is set outright.
+if _XDIST_WORKER.startswith("gw"):
+    os.environ["REDIS_URL"] = WORKER_REDIS_URL
+else:
+    os.environ.setdefault("REDIS_URL", WORKER_REDIS_URL)
 # Workers started by tests (they inherit this environment) register the sample tasks.
 os.environ.setdefault("DEV_TASKS", "1")
