@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lease tasks beat bench tests
+	$(VENV)/bin/ruff check lease tasks beat devtools bench tests
 	$(VENV)/bin/mypy
 
 # The suite mostly waits on lease TTLs, so it runs side by side: each xdist worker has its own
@@ -25,7 +25,7 @@ test: lint
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m tasks demo $(DEMO_ARGS)
+	$(PY) -m devtools demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -1,6 +1,6 @@
-"""The beat schedule and a leader-elected scheduler (HA beat on a lease)."""
+"""A leader-elected beat scheduler (HA beat on a lease). The schedule is the app's
+(`tasks.schedule`): beat imports tasks, tasks never imports beat."""
 
-from beat.schedule import beat_schedule
 from beat.scheduler import LEADER_LEASE, LeaderScheduler
 
-__all__ = ["LEADER_LEASE", "LeaderScheduler", "beat_schedule"]
+__all__ = ["LEADER_LEASE", "LeaderScheduler"]

@@ -21,12 +21,13 @@ from celery.beat import Scheduler
 from redis.exceptions import RedisError
 
 from lease import Lease, LeaseLost, NotAcquired, NotHeld
+from tasks.keys import BEAT_LEADER
 
 __all__ = ["LEADER_LEASE", "LeaderScheduler"]
 
 log = logging.getLogger("beat")
 
-LEADER_LEASE = "beat:leader"
+LEADER_LEASE = BEAT_LEADER
 
 
 class LeaderScheduler(Scheduler):

@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 import redis
 
+from devtools.embedded import NotScratch, claim_scratch, flush_scratch
 from lease import Keeper, Lease, Leases
 from lease.keys import fence_key, lease_key, waiting_key, wake_key
 from lease.scripts import ACQUIRE, RELEASE, RENEW
-from tasks.embedded import NotScratch, claim_scratch, flush_scratch
 
 __all__ = ["main"]
 

@@ -1,10 +1,11 @@
 """`python -m bench overhead [--tasks N] [--rounds R]`: the platform task base's cost.
 
 Runs, in one run on the same real prefork worker: a no-op task on a bare Celery task class
-(`tasks.samples.noop_bare`) and the same no-op on `PlatformTask` (`tasks.samples.noop_platform`:
-retry policies, signals, journal support, no checkpoint recorded). The two alternate in rounds,
-so drift in the machine's speed falls on both; throughput is tasks completed per second from
-the first send to the last result. The last line is JSON.
+(`devtools.samples.noop_bare`) and the same no-op on `PlatformTask`
+(`devtools.samples.noop_platform`: retry policies, signals, journal support, no checkpoint
+recorded). The two alternate in rounds, so drift in the machine's speed falls on both;
+throughput is tasks completed per second from the first send to the last result.
+The last line is JSON.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pathlib import Path
 import redis
 from celery import Celery
 
-from tasks.demo import Fleet
-from tasks.embedded import NotScratch, demo_redis, flush_scratch
+from devtools.demo import Fleet
+from devtools.embedded import NotScratch, demo_redis, flush_scratch
 
 __all__ = ["main"]
 
@@ -51,22 +52,22 @@ def main(argv: list[str]) -> int:
         return 2
     flush_scratch(redis.Redis.from_url(redis_url))
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    env = dict(os.environ, DEV_TASKS="1", REDIS_URL=redis_url, PYTHONPATH=str(ROOT),
-               DATABASE_URL=f"sqlite:///{workdir}/overhead.sqlite")
+    env = dict(os.environ, EXTRA_TASK_MODULES="devtools.samples", REDIS_URL=redis_url,
+               PYTHONPATH=str(ROOT), DATABASE_URL=f"sqlite:///{workdir}/overhead.sqlite")
     fleet = Fleet(env, workdir)
     client = Celery(broker=redis_url, backend=redis_url, set_as_current=False)
     try:
         fleet.start("worker", "worker", "-P", "prefork", "-c", str(args.concurrency), "-n",
                     "overhead@%h", "--loglevel=WARNING", "--without-mingle", "--without-gossip")
         _wait_ready(client)
-        _throughput(client, "tasks.samples.noop_bare", 50)  # warm up both pool processes
-        _throughput(client, "tasks.samples.noop_platform", 50)
+        _throughput(client, "devtools.samples.noop_bare", 50)  # warm up both pool processes
+        _throughput(client, "devtools.samples.noop_platform", 50)
         bare: list[float] = []
         platform: list[float] = []
         for i in range(args.rounds):
             sides = [("bare", bare), ("platform", platform)]
             for side, into in sides if i % 2 == 0 else sides[::-1]:
-                into.append(_throughput(client, f"tasks.samples.noop_{side}", args.tasks))
+                into.append(_throughput(client, f"devtools.samples.noop_{side}", args.tasks))
         b, p = statistics.median(bare), statistics.median(platform)
         print(f"bare Celery task:   {b:,.0f} tasks/s (rounds: {[round(x) for x in bare]})")
         print(f"platform task base: {p:,.0f} tasks/s (rounds: {[round(x) for x in platform]})")

@@ -21,14 +21,14 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, delete, func, select, update
 
-from tasks.cm_data import cpu_work
-from tasks.demo import Fleet, reset_database, verify
-from tasks.embedded import NotScratch, demo_redis, flush_scratch
+from devtools.demo import Fleet, reset_database, verify
+from devtools.embedded import NotScratch, demo_redis, flush_scratch
+from tasks.examples.cm_data import cpu_work
+from tasks.examples.seed import seed_cm_data
 from tasks.migrate import upgrade
 from tasks.models import CM_DATA, SCHEDULES, WORK
 from tasks.models import PartitionStatus as S
 from tasks.resources import make_engine
-from tasks.seed import seed_cm_data
 
 __all__ = ["main"]
 

@@ -31,15 +31,16 @@ import redis
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.demo import reset_database
-from tasks.drain import Drainer
-from tasks.embedded import NotScratch, demo_redis, flush_scratch
+from devtools.demo import reset_database
+from devtools.embedded import NotScratch, demo_redis, flush_scratch
+from tasks.db import utcnow
 from tasks.migrate import upgrade
-from tasks.models import ORDER_ITEMS, ORDERS, SKUS, ItemState, utcnow
-from tasks.nodes import StockNode
-from tasks.redolog import RedoEntry, parse_entry
+from tasks.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.resources import make_engine
-from tasks.stock import (
+from tasks.restock.drain import Drainer
+from tasks.restock.nodes import StockNode
+from tasks.restock.redolog import RedoEntry, parse_entry
+from tasks.restock.stock import (
     ACTIONS,
     Action,
     StockScripts,

@@ -1,4 +1,6 @@
-"""The lease Lua scripts: read from ``lease/lua/*.lua`` at import, registered per client."""
+"""The lease Lua scripts, and the one script loader of the platform: `load_lua` reads a
+package's ``lua/NAME.lua``, `run_script` runs a registered script (EVALSHA, and SCRIPT LOAD
+once if the server lost it). The restock wing loads and runs its scripts with these too."""
 
 from __future__ import annotations
 
@@ -9,29 +11,42 @@ from typing import Any
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "TOKEN_CHARS", "LeaseScripts"]
+__all__ = ["load_lua", "run_script", "ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "TOKEN_CHARS",
+           "LeaseScripts"]
 
 # Every lease token is this many hex characters (secrets.token_hex(TOKEN_CHARS // 2)):
 # renew_many.lua finds each lease's token in one concatenated argument by this length.
 TOKEN_CHARS = 32
 
 
-def _load(name: str) -> str:
-    return (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+def load_lua(package: str, name: str) -> str:
+    """The text of `package`'s ``lua/{name}.lua``."""
+    return (resources.files(package) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
-ACQUIRE = _load("acquire")
-RENEW = _load("renew")
-RENEW_MANY = _load("renew_many")
-RELEASE = _load("release")
+def run_script(client: Any, script: Script, keys: Sequence[str | bytes],
+               args: Sequence[str | bytes | int]) -> Any:
+    """EVALSHA `script` with `keys` (every key it touches) and `args`; return its reply. If the
+    server lost the script (restart, SCRIPT FLUSH): one SCRIPT LOAD and a second EVALSHA,
+    exactly as ``Script.__call__`` does, minus its per-call ``import`` (a few microseconds on
+    every round trip)."""
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        script.sha = client.script_load(script.script)
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+
+
+ACQUIRE = load_lua(__package__, "acquire")
+RENEW = load_lua(__package__, "renew")
+RENEW_MANY = load_lua(__package__, "renew_many")
+RELEASE = load_lua(__package__, "release")
 
 
 class LeaseScripts:
     """The four lease scripts registered on one client with ``client.register_script``.
 
-    Run them with ``run(script, keys, args)``: one EVALSHA, and if the server lost the script
-    (restart, SCRIPT FLUSH) one SCRIPT LOAD and a second EVALSHA, exactly as ``Script.__call__``
-    does, minus its per-call ``import`` (a few microseconds on every round trip).
+    Run them with ``run(script, keys, args)`` (`run_script` on this client).
     """
 
     def __init__(self, client: Any) -> None:
@@ -45,8 +60,4 @@ class LeaseScripts:
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes | int]
     ) -> Any:
         """EVALSHA `script` with `keys` (every key it touches) and `args`; return its reply."""
-        try:
-            return self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            script.sha = self.client.script_load(script.script)
-            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        return run_script(self.client, script, keys, args)

@@ -1,4 +1,4 @@
-"""`python -m tasks COMMAND`: migrate, seed, status, demo."""
+"""`python -m tasks COMMAND`: migrate, seed, status. (The demo: `python -m devtools demo`.)"""
 
 from __future__ import annotations
 
@@ -23,14 +23,7 @@ def main(argv: list[str]) -> int:
     seed.add_argument("--rows", type=int, default=1_000_000)
     status = sub.add_parser("status", help="range partitions and restock nodes")
     status.add_argument("--job", default=None, help="only this range job's partitions")
-    sub.add_parser("demo", help="the range job demo (see --help)", add_help=False)
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "demo":
-        from tasks.demo import main as demo
-
-        return demo(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args(argv)
 
     from sqlalchemy.exc import OperationalError
 
@@ -68,7 +61,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, res: Resourc
         upgrade(res.engine)
         print("schema is up to date")
     elif args.command == "seed":
-        from tasks.seed import seed_cm_data
+        from tasks.examples.seed import seed_cm_data
 
         if args.rows < 0:
             parser.error("rows must be >= 0")
@@ -82,9 +75,11 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, res: Resourc
 def _status(args: argparse.Namespace, res: Resources) -> int:
     from sqlalchemy import inspect
 
-    from tasks.shop import wall_ms
-    from tasks.status import partitions, render, render_letters, render_nodes, restock_nodes
-    from tasks.stock import queue_names
+    from tasks.ranges.status import partitions, render
+    from tasks.restock.nodes import stock_nodes
+    from tasks.restock.shop import wall_ms
+    from tasks.restock.status import render_nodes, restock_nodes
+    from tasks.status import render_letters
 
     if not inspect(res.engine).has_table("work_items"):
         print("the database has no platform tables yet: run `python -m tasks migrate`",
@@ -92,8 +87,8 @@ def _status(args: argparse.Namespace, res: Resources) -> int:
         return 1
     render(partitions(res.sessions, args.job))
     now = wall_ms()
-    render_nodes(restock_nodes(res.sessions, res.stock_nodes,
-                               queue_names(res.settings.restock_queues), now), now)
+    render_nodes(restock_nodes(res.sessions, stock_nodes(res),
+                               res.settings.restock_queue_names, now), now)
     render_letters(res.sessions)
     return 0
 

@@ -13,23 +13,22 @@ from celery import Celery, signals
 from celery.app import backends
 from celery.app.task import Task as CeleryTask
 
-from beat.schedule import beat_schedule
 from tasks import brokerfix, flowerguard
 from tasks.limits import bound_log_handlers, bounded_backend
 from tasks.retry import check_policy
+from tasks.schedule import beat_schedule
 from tasks.settings import Settings, SettingsError, load_settings, redact
 
-__all__ = ["app", "configure", "settings", "check_time_limits", "TASK_MODULES",
-           "DEV_TASK_MODULES"]
+__all__ = ["app", "configure", "settings", "check_time_limits", "TASK_MODULES"]
 
 log = logging.getLogger("tasks")
 
+# Named, never imported here: the app is the root every wing imports, so it knows the wings
+# only by these strings (Celery imports them when the app is finalized).
 TASK_MODULES = [
-    "tasks.health", "tasks.ranges", "tasks.rollback", "tasks.compensations", "tasks.restock",
+    "tasks.health", "tasks.ranges.tasks", "tasks.rollback", "tasks.restock.tasks",
+    "tasks.examples.cm_data", "tasks.examples.saga",
 ]
-# Registered only with DEV_TASKS=1 (tests, benchmarks, the demo): samples that fail, loop or
-# kill their own process on purpose.
-DEV_TASK_MODULES = ["tasks.samples", "tasks.sample_sagas", "tasks.sample_jobs"]
 
 
 def configure(settings: Settings) -> dict[str, Any]:
@@ -62,7 +61,7 @@ def configure(settings: Settings) -> dict[str, Any]:
         "result_extended": True,
         "beat_scheduler": "beat.scheduler:LeaderScheduler",
         "beat_schedule": beat_schedule(settings.reconcile_interval,
-                                       len(settings.restock_nodes), settings.restock_queues,
+                                       len(settings.restock_nodes), settings.restock_queue_names,
                                        settings.restock_interval),
         "timezone": "UTC",
         "enable_utc": True,
@@ -119,7 +118,7 @@ class PlatformCelery(Celery):  # type: ignore[misc]
 
 
 app = PlatformCelery("tasks", amqp="tasks.limits:LimitedAMQP",
-             include=TASK_MODULES + (DEV_TASK_MODULES if settings.dev_tasks else []))
+             include=TASK_MODULES + list(settings.extra_task_modules))
 app.conf.update(configure(settings))
 
 

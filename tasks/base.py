@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 
+from tasks.keys import deliveries_key
 from tasks.retry import RetryPolicy, decide
 
 __all__ = ["PlatformTask", "DEAD_LETTERED", "deliveries_key"]
@@ -42,14 +43,9 @@ log = logging.getLogger("tasks")
 # Custom state of a task whose message was dead-lettered instead of run.
 DEAD_LETTERED = "DEAD_LETTERED"
 
-# deliveries:{TASK_ID} -> how many times a redelivered message was delivered after the first.
-# TTL: twice the visibility timeout (a message cannot be redelivered later than that). Owner:
-# PlatformTask.__call__.
-DELIVERIES_PREFIX = "deliveries:"
-
-
-def deliveries_key(task_id: str) -> str:
-    return f"{DELIVERIES_PREFIX}{{{task_id}}}"
+# deliveries:{TASK_ID} (tasks.keys) -> how many times a redelivered message was delivered
+# after the first. TTL: twice the visibility timeout (a message cannot be redelivered later
+# than that). Owner: PlatformTask.__call__.
 
 
 def _journal_lost(exc: BaseException) -> bool:

@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.models import DEAD_LETTERS, utcnow
+from tasks.db import utcnow
+from tasks.models import DEAD_LETTERS
 
 __all__ = ["DeadLetters", "Letter", "Summary", "PRUNE_BATCH"]
 

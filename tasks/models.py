@@ -6,15 +6,13 @@ The same models run on SQLite, PostgreSQL and MariaDB; Alembic migrations in
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any, cast
+from datetime import datetime
+from typing import cast
 
 from sqlalchemy import (
     BigInteger,
-    CursorResult,
     DateTime,
     Integer,
-    Result,
     String,
     Table,
     Text,
@@ -22,25 +20,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus", "utcnow", "affected",
-           "WORK", "SCHEDULES", "CM_DATA", "WRITE_INTENT", "DeadLetter",
+from tasks.db import utcnow
+
+__all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus",
+           "WORK", "SCHEDULES", "CM_DATA", "DeadLetter",
            "DEAD_LETTERS", "ItemState", "Sku", "Order", "OrderItem", "Payment", "RestockNode",
            "SKUS", "ORDERS", "ORDER_ITEMS", "PAYMENTS", "RESTOCK_NODES"]
-
-
-def utcnow() -> datetime:
-    """Naive UTC now: stored the same way on all three databases."""
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-# Execution option for a transaction that reads, then writes: on SQLite it begins IMMEDIATE
-# (takes the write lock up front, so a later write cannot fail with SQLITE_BUSY).
-WRITE_INTENT = {"write_intent": True}
-
-
-def affected(result: Result[Any]) -> int:
-    """Rows matched by an UPDATE or DELETE (its compare-and-set outcome)."""
-    return cast(CursorResult[Any], result).rowcount
 
 
 class PartitionStatus:

@@ -1,4 +1,5 @@
-"""Per-process connections: one Redis client, one lease manager, one database engine.
+"""Per-process connections: one Redis client, one lease manager, one database engine, and
+what a wing keeps per process (`shared`: the restock wing's stock nodes).
 
 Each is created on first use and forgotten in a forked child (Celery's prefork pool), so a pool
 process never shares a socket with its parent and runs its own lease keeper.
@@ -9,17 +10,19 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import redis
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
-from tasks.nodes import StockNode, connect_nodes
 from tasks.settings import Settings
 
 __all__ = ["Resources", "resources_for"]
+
+T = TypeVar("T")
 
 
 class Resources:
@@ -32,7 +35,7 @@ class Resources:
         self._leases: Leases | None = None
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
-        self._stock_nodes: list[StockNode] | None = None
+        self._shared: dict[str, Any] = {}
 
     @property
     def redis(self) -> redis.Redis:
@@ -68,13 +71,14 @@ class Resources:
                 self._sessions = sessionmaker(engine, expire_on_commit=False)
             return self._sessions
 
-    @property
-    def stock_nodes(self) -> list[StockNode]:
-        """The restock feature's Redis nodes, node 0 first."""
+    def shared(self, name: str, create: Callable[[Settings], T]) -> T:
+        """This process's `name` object, made by `create(settings)` on first use and forgotten
+        after a fork like every connection here (a wing's own clients: the core never imports
+        the wings)."""
         with self._lock:
-            if self._stock_nodes is None:
-                self._stock_nodes = connect_nodes(self.settings.restock_nodes)
-            return self._stock_nodes
+            if name not in self._shared:
+                self._shared[name] = create(self.settings)
+            return cast(T, self._shared[name])
 
     def forget(self) -> None:
         """Drop every connection without closing the parent's sockets (after a fork)."""
@@ -85,7 +89,7 @@ class Resources:
         self._leases = None
         self._engine = None
         self._sessions = None
-        self._stock_nodes = None
+        self._shared = {}
 
 
 def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> Engine:

@@ -61,9 +61,20 @@ class Settings:
     # Compensated rollback journal rows (and the demo saga ledgers) are deleted this long after
     # their last change, by the sweeper.
     journal_retention: float = 7 * 86400.0
-    # Register the sample and test-only tasks (one of them kills its own process): never on a
-    # production worker unless asked for.
-    dev_tasks: bool = False
+    # Modules every worker imports besides the platform's own (Celery's `include`): your range
+    # jobs and tasks, or the samples and test-only tasks (`devtools.samples`).
+    extra_task_modules: tuple[str, ...] = ()
+    # A failed attempt that will be retried is rolled back before the retry (1), or hands its
+    # journal over to the next attempt (0).
+    rollback_on_retry: bool = True
+    # The example job cm_data (tasks/examples/cm_data.py): ids per partition (partitions
+    # planned later), rows per batch, threads per batch, `trivial` or `cpu` work per row, and a
+    # sleep per batch so chaos tests can act mid-partition.
+    cm_data_partition_size: int = 2_000_000
+    cm_data_batch_size: int = 1000
+    cm_data_parallelism: int = 2
+    cm_data_work: str = "trivial"
+    cm_data_batch_delay: float = 0.0
     # Dead letters older than this are deleted by the periodic prune (beat, hourly).
     dead_letter_retention: float = 30 * 86400.0
     # A task message whose body is larger is refused when sent and when received.
@@ -73,6 +84,11 @@ class Settings:
     def restock_nodes(self) -> tuple[str, ...]:
         """The Redis URL of every stock node, node 0 first."""
         return self.restock_redis_urls or (self.redis_url,)
+
+    @property
+    def restock_queue_names(self) -> tuple[str, ...]:
+        """The names of every node's delay queues: q0, q1, ..."""
+        return tuple(f"q{i}" for i in range(self.restock_queues))
 
     def __post_init__(self) -> None:
         if self.soft_time_limit >= self.time_limit:
@@ -181,6 +197,39 @@ def _database_url(name: str, raw: str) -> str:
     return raw
 
 
+def _modules(name: str, raw: str) -> tuple[str, ...]:
+    modules = tuple(part.strip() for part in raw.split(","))
+    for module in modules:
+        if not _MODULE.fullmatch(module):
+            raise SettingsError(f"{name}: {module[:64]!r} is not a dotted module name")
+    return modules
+
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _one_of(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        if raw not in choices:
+            raise SettingsError(f"{name}={raw[:32]!r} must be one of {', '.join(choices)}")
+        return raw
+
+    return parse
+
+
+def _at_least(cast: Callable[[str], T], minimum: float) -> Callable[[str, str], T]:
+    def parse(name: str, raw: str) -> T:
+        try:
+            value = cast(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw[:32]!r} is not a number") from None
+        if not value >= minimum:  # type: ignore[operator]
+            raise SettingsError(f"{name}={raw[:32]!r} must be at least {minimum:g}")
+        return value
+
+    return parse
+
+
 def _positive(cast: Callable[[str], T]) -> Callable[[str, str], T]:
     def parse(name: str, raw: str) -> T:
         try:
@@ -215,7 +264,13 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "restock_interval": ("RESTOCK_INTERVAL", _positive(float)),
     "maintenance_every": ("MAINTENANCE_EVERY", _positive(float)),
     "journal_retention": ("JOURNAL_RETENTION", _positive(float)),
-    "dev_tasks": ("DEV_TASKS", _flag),
+    "extra_task_modules": ("EXTRA_TASK_MODULES", _modules),
+    "rollback_on_retry": ("ROLLBACK_ON_RETRY", _flag),
+    "cm_data_partition_size": ("CM_DATA_PARTITION_SIZE", _at_least(int, 1)),
+    "cm_data_batch_size": ("CM_DATA_BATCH_SIZE", _at_least(int, 1)),
+    "cm_data_parallelism": ("CM_DATA_PARALLELISM", _at_least(int, 1)),
+    "cm_data_work": ("CM_DATA_WORK", _one_of("trivial", "cpu")),
+    "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", _at_least(float, 0)),
     "dead_letter_retention": ("DEAD_LETTER_RETENTION", _positive(float)),
     "max_message_bytes": ("MAX_MESSAGE_BYTES", _positive(int)),
 }

@@ -28,4 +28,5 @@ if _XDIST_WORKER.startswith("gw"):
 else:
     os.environ.setdefault("REDIS_URL", WORKER_REDIS_URL)
 # Workers started by tests (they inherit this environment) register the sample tasks.
-os.environ.setdefault("DEV_TASKS", "1")
+SAMPLE_MODULES = "devtools.samples,tests.support.sagas,tests.support.jobs"
+os.environ.setdefault("EXTRA_TASK_MODULES", SAMPLE_MODULES)

@@ -12,6 +12,7 @@ from celery import Celery
 
 from tasks.app import check_time_limits, configure
 from tasks.settings import SettingsError, load_settings
+from tests import SAMPLE_MODULES
 from tests.support.workers import CELERY, ROOT, celery_call, platform_env, start_worker
 
 
@@ -100,15 +101,15 @@ def test_a_worker_with_bad_settings_fails_at_start_up_with_a_clear_message(
     assert message in proc.stderr + proc.stdout
 
 
-@pytest.mark.parametrize(("flag", "expected"), [("0", False), ("1", True)])
-def test_sample_tasks_are_registered_only_with_dev_tasks(flag: str, expected: bool) -> None:
+@pytest.mark.parametrize(("modules", "expected"), [("", False), (SAMPLE_MODULES, True)])
+def test_sample_tasks_are_registered_only_when_asked_for(modules: str, expected: bool) -> None:
     code = ("from tasks.app import app; app.loader.import_default_modules(); "
             "import json; print(json.dumps(sorted(app.tasks)))")
-    env = platform_env(DEV_TASKS=flag)
+    env = platform_env(EXTRA_TASK_MODULES=modules)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=True).stdout
     names = json.loads(out.strip().splitlines()[-1])
-    samples = [n for n in names if n.startswith(("tasks.samples.", "tasks.sample_sagas."))]
-    assert ("tasks.samples.poison" in samples) is expected
-    assert ("tasks.sample_sagas.sleepy_saga" in samples) is expected
-    assert "tasks.compensations.place_order" in names and "tasks.ranges.start" in names
+    samples = [n for n in names if n.startswith(("devtools.samples.", "tests.support.sagas."))]
+    assert ("devtools.samples.poison" in samples) is expected
+    assert ("tests.support.sagas.sleepy_saga" in samples) is expected
+    assert "tasks.examples.order_saga" in names and "tasks.ranges.start" in names

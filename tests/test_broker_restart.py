@@ -23,13 +23,13 @@ def test_busy_workers_stay_up_through_a_broker_restart_and_take_new_tasks(
 ) -> None:
     db = f"sqlite:///{tmp_path}/b.sqlite"
     fresh_database(db).dispose()
-    env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=db, DEV_TASKS="1")
+    env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=db)
     workers = [start_worker(env, 2), start_worker(env, 2)]
     client = Celery(broker=private_redis.url, backend=private_redis.url, set_as_current=False)
     try:
         for _ in workers:
-            client.send_task("tasks.samples.nap", [8])
-        wait_until(lambda: sum(w.output().count("tasks.samples.nap[") for w in workers) >= 2,
+            client.send_task("devtools.samples.nap", [8])
+        wait_until(lambda: sum(w.output().count("devtools.samples.nap[") for w in workers) >= 2,
                    timeout=30, what="both long tasks received")
         time.sleep(0.5)
         private_redis.kill()
@@ -43,7 +43,7 @@ def test_busy_workers_stay_up_through_a_broker_restart_and_take_new_tasks(
             assert worker.popen.poll() is None, worker.output()[-3000:]
             assert "Unrecoverable error" not in worker.output()
         # New work runs on the restarted broker (4 tasks: both workers get some).
-        results = [client.send_task("tasks.samples.nap", [0.05]) for _ in range(4)]
+        results = [client.send_task("devtools.samples.nap", [0.05]) for _ in range(4)]
         assert [r.get(timeout=60) for r in results] == [0.05] * 4
         assert all(w.popen.poll() is None for w in workers)
     finally:

@@ -11,18 +11,18 @@ import redis
 from sqlalchemy import update
 from sqlalchemy.orm import sessionmaker
 
-from tasks.cm_data import cm_data
+from tasks.examples.cm_data import cm_data
 from tasks.models import WORK
-from tasks.reconciler import activate, reconcile_job
+from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.resources import make_engine
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env
 
 
 def tasks_cli(
-    env: dict[str, str], *args: str, timeout: float = 120
+    env: dict[str, str], *args: str, timeout: float = 120, module: str = "tasks"
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -56,7 +56,7 @@ def test_the_demo_verifies_exactly_once_after_a_kill(private_redis: RedisServer)
     env = platform_env(REDIS_URL=private_redis.url, COLUMNS="200")
     demo = tasks_cli(env, "demo", "--rows", "30000", "--partition-size", "5000",
                      "--batch-size", "250", "--lease-ttl", "1.5", "--batch-delay", "0.05",
-                     "--chaos", timeout=220)
+                     "--chaos", timeout=220, module="devtools")
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "chaos: kill -9 worker1" in demo.stdout
     assert "processed exactly once: 30,000" in demo.stdout
@@ -67,7 +67,7 @@ def test_the_demo_verifies_exactly_once_after_a_kill(private_redis: RedisServer)
 def test_the_demo_shows_unpaid_stock_coming_back(private_redis: RedisServer) -> None:
     env = platform_env(REDIS_URL=private_redis.url, COLUMNS="200")
     demo = tasks_cli(env, "demo", "--rows", "2000", "--partition-size", "1000", "--restock",
-                     "--restock-delay", "1.5", timeout=170)
+                     "--restock-delay", "1.5", timeout=170, module="devtools")
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "restock scenario" in demo.stdout
     assert "every SKU at total - paid" in demo.stdout
@@ -75,7 +75,7 @@ def test_the_demo_shows_unpaid_stock_coming_back(private_redis: RedisServer) -> 
 
 
 def test_the_embedded_redis_starts_answers_and_stops() -> None:
-    from tasks.embedded import EmbeddedRedis, redis_answers
+    from devtools.embedded import EmbeddedRedis, redis_answers
 
     server = EmbeddedRedis().start()
     try:
@@ -90,7 +90,7 @@ SENTINEL = "platform:live-data"
 
 
 @pytest.mark.parametrize("command", [
-    ["-m", "tasks", "demo", "--rows", "10"],
+    ["-m", "devtools", "demo", "--rows", "10"],
     ["-m", "bench", "overhead", "--tasks", "1", "--rounds", "1"],
     ["-m", "bench", "range", "--rows", "10"],
     ["-m", "bench", "restock", "--entries", "10"],
@@ -115,7 +115,7 @@ def test_demo_and_benchmarks_refuse_a_redis_database_they_did_not_create(
 def test_a_scratch_database_is_claimed_only_when_empty_and_flushed_only_when_marked(
     private_redis: RedisServer,
 ) -> None:
-    from tasks.embedded import SCRATCH_MARKER, NotScratch, claim_scratch, flush_scratch
+    from devtools.embedded import SCRATCH_MARKER, NotScratch, claim_scratch, flush_scratch
 
     client = redis.Redis.from_url(private_redis.url)
     with pytest.raises(NotScratch, match="refusing to flush"):

@@ -12,11 +12,13 @@ from rich.console import Console
 from sqlalchemy import Engine, event, insert
 from sqlalchemy.orm import sessionmaker
 
-from beat.schedule import beat_schedule
+from tasks.db import utcnow
 from tasks.deadletter import PRUNE_BATCH, DeadLetters
-from tasks.models import DEAD_LETTERS, utcnow
+from tasks.models import DEAD_LETTERS
+from tasks.restock.status import _letters_per_node, restock_nodes
+from tasks.schedule import beat_schedule
 from tasks.settings import load_settings
-from tasks.status import _letters_per_node, render_letters, restock_nodes
+from tasks.status import render_letters
 
 
 def _letters(engine: Engine, n: int, age_days: float, kind: str = "task",

@@ -82,7 +82,7 @@ def test_a_large_value_in_a_failure_is_cut_in_the_result_and_the_log(
     sender = Celery(broker=worker_env["REDIS_URL"], backend=worker_env["REDIS_URL"],
                     set_as_current=False)
     try:
-        result = sender.send_task("tasks.samples.picky", [big])
+        result = sender.send_task("devtools.samples.picky", [big])
         result.get(timeout=60, propagate=False)
         assert result.state == "FAILURE" and isinstance(result.result, ValueError)
         client = redis.Redis.from_url(worker_env["REDIS_URL"])
@@ -94,7 +94,7 @@ def test_a_large_value_in_a_failure_is_cut_in_the_result_and_the_log(
         worker.stop()
     assert stored is not None and len(stored) < 20_000, len(stored or b"")
     meta = json.loads(stored)
-    assert meta["status"] == "FAILURE" and meta["name"] == "tasks.samples.picky"
+    assert meta["status"] == "FAILURE" and meta["name"] == "devtools.samples.picky"
     assert "zzzz" in meta["args"][0] and len(meta["args"][0]) < 200
     assert "is malformed" not in meta["result"]["exc_message"][0]  # cut before the end
     assert "raised unexpected: ValueError" in log or "ValueError" in log

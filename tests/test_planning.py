@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.planning import Partition, StoredPlan, partition_of, plan_after, plan_partitions
+from tasks.ranges.planning import Partition, StoredPlan, partition_of, plan_after, plan_partitions
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ def test_a_retryable_error_is_retried_by_its_policy(migrated_env: dict[str, str]
     app = client_for(migrated_env)
     key = uuid.uuid4().hex
     try:
-        result = app.send_task("tasks.samples.flaky", [key, 2]).get(timeout=60)
+        result = app.send_task("devtools.samples.flaky", [key, 2]).get(timeout=60)
     finally:
         worker.stop()
         app.close()
@@ -53,7 +53,7 @@ def test_a_non_retryable_error_fails_at_once(migrated_env: dict[str, str]) -> No
     app = client_for(migrated_env)
     key = uuid.uuid4().hex
     try:
-        result = app.send_task("tasks.samples.picky", [key])
+        result = app.send_task("devtools.samples.picky", [key])
         result.get(timeout=60, propagate=False)
         assert result.state == "FAILURE" and "is malformed" in str(result.result)
     finally:
@@ -72,7 +72,7 @@ def test_a_poison_message_stops_at_the_redelivery_cap(migrated_env: dict[str, st
     key = uuid.uuid4().hex
     client = redis.Redis.from_url(env["REDIS_URL"])
     try:
-        result = app.send_task("tasks.samples.poison", [key])
+        result = app.send_task("devtools.samples.poison", [key])
         deadline = time.monotonic() + 150
         while result.state != DEAD_LETTERED:
             assert time.monotonic() < deadline, f"still {result.state}: {worker.output()[-3000:]}"
@@ -88,14 +88,14 @@ def test_a_poison_message_stops_at_the_redelivery_cap(migrated_env: dict[str, st
     engine = make_engine(env["DATABASE_URL"])
     letters = DeadLetters(sessionmaker(engine)).list("task")
     engine.dispose()
-    assert [(x.ref, x.payload["task"]) for x in letters] == [(result.id, "tasks.samples.poison")]
+    assert [(x.ref, x.payload["task"]) for x in letters] == [(result.id, "devtools.samples.poison")]
     assert "REDELIVERY_CAP=3" in letters[0].reason
 
 
 def test_a_task_that_waited_too_long_in_the_queue_is_not_started(
     migrated_env: dict[str, str],
 ) -> None:
-    from tasks.samples import prompt
+    from devtools.samples import prompt
 
     late = prompt.apply_async()  # schedule_to_start=1.0 becomes the message's expiry
     time.sleep(1.5)

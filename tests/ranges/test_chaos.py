@@ -16,9 +16,9 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, func, select
 
+from tasks.examples.seed import seed_cm_data
 from tasks.models import CmData, WorkItem
 from tasks.models import PartitionStatus as S
-from tasks.seed import seed_cm_data
 from tests.support.redis_server import RedisServer
 from tests.support.workers import CELERY, Proc, celery_call, platform_env, start_worker, wait_until
 
@@ -263,9 +263,9 @@ def test_a_running_partition_reports_progress_as_a_custom_state(
 ) -> None:
     from sqlalchemy.orm import sessionmaker
 
-    from tasks.cm_data import cm_data
-    from tasks.ranges import PROGRESS
-    from tasks.reconciler import activate, reconcile_job
+    from tasks.examples.cm_data import cm_data
+    from tasks.ranges.reconciler import activate, reconcile_job
+    from tasks.ranges.tasks import PROGRESS
 
     seed_cm_data(engine, 4000)
     cluster = platform(CM_DATA_PARTITION_SIZE="2000000", CM_DATA_BATCH_DELAY="0.2")

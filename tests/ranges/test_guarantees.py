@@ -19,14 +19,14 @@ from sqlalchemy import Engine, Row, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
-from tasks.cm_data import load_config, mark_processed
 from tasks.deadletter import DeadLetters
-from tasks.jobs import Context, RangeJob
+from tasks.examples.cm_data import load_config, mark_processed
+from tasks.examples.seed import seed_cm_data
 from tasks.models import CM_DATA, WORK
 from tasks.models import PartitionStatus as S
-from tasks.partition import DEAD_LETTER_KIND, Outcome
-from tasks.reconciler import activate, reconcile_job
-from tasks.seed import seed_cm_data
+from tasks.ranges.jobs import Context, RangeJob
+from tasks.ranges.reconciler import activate, reconcile_job
+from tasks.ranges.runner import DEAD_LETTER_KIND, Outcome
 from tasks.settings import SettingsError
 from tests.ranges.test_runner import counts, plan, runner, small, work
 

@@ -18,10 +18,10 @@ from celery import Celery
 from sqlalchemy import Engine, func, insert, select, text, update
 
 from tasks.deadletter import DeadLetters
+from tasks.examples.seed import seed_cm_data
 from tasks.models import CM_DATA
 from tasks.models import PartitionStatus as S
-from tasks.partition import DEAD_LETTER_KIND
-from tasks.seed import seed_cm_data
+from tasks.ranges.runner import DEAD_LETTER_KIND
 from tests import WORKER_REDIS_URL
 from tests.ranges.test_chaos import Platform
 from tests.support.redis_server import RedisServer

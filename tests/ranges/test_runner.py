@@ -14,13 +14,13 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
-from tasks.cm_data import cm_data, mark_processed
-from tasks.jobs import Context, RangeJob
+from tasks.examples.cm_data import cm_data, mark_processed
+from tasks.examples.seed import seed_cm_data
 from tasks.models import CmData, WorkItem
 from tasks.models import PartitionStatus as S
-from tasks.partition import FencedOut, Outcome, PartitionRunner, UnknownPartition, _Pass
-from tasks.reconciler import activate, reconcile_job
-from tasks.seed import seed_cm_data
+from tasks.ranges.jobs import Context, RangeJob
+from tasks.ranges.reconciler import activate, reconcile_job
+from tasks.ranges.runner import FencedOut, Outcome, PartitionRunner, UnknownPartition, _Pass
 
 DATA = CmData.__table__
 WORK = WorkItem.__table__
@@ -113,7 +113,7 @@ def test_a_paused_holder_is_fenced_out_and_writes_nothing(
 
 
 def job_partition(row: Any) -> Any:
-    from tasks.planning import Partition
+    from tasks.ranges.planning import Partition
 
     return Partition(row.part, row.lo, row.hi)
 

@@ -11,12 +11,12 @@ import redis
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.drain import Drainer
-from tasks.maintenance import Rebuilder
 from tasks.models import ORDER_ITEMS, SKUS, ItemState
-from tasks.nodes import StockNode
-from tasks.shop import Router, Shop
-from tasks.stock import deducted_key, stock_key
+from tasks.restock.drain import Drainer
+from tasks.restock.maintenance import Rebuilder
+from tasks.restock.nodes import StockNode
+from tasks.restock.shop import Router, Shop
+from tasks.restock.stock import deducted_key, stock_key
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
 

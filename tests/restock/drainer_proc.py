@@ -23,11 +23,11 @@ from collections.abc import Sequence
 import redis
 from sqlalchemy.orm import sessionmaker
 
-from tasks.drain import Drainer
-from tasks.maintenance import Rebuilder
-from tasks.nodes import StockNode
-from tasks.redolog import RedoEntry
 from tasks.resources import make_engine
+from tasks.restock.drain import Drainer
+from tasks.restock.maintenance import Rebuilder
+from tasks.restock.nodes import StockNode
+from tasks.restock.redolog import RedoEntry
 
 
 def main(argv: list[str]) -> int:

@@ -11,19 +11,19 @@ from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
 from tasks.deadletter import DeadLetters
-from tasks.drain import DEAD_LETTER_KIND, MAX_ATTEMPTS, Drainer, DrainOutcome
-from tasks.maintenance import RebuildOutcome
 from tasks.models import ItemState
-from tasks.redolog import parse_entry
 from tasks.resources import make_engine
-from tasks.shop import (
+from tasks.restock.drain import DEAD_LETTER_KIND, MAX_ATTEMPTS, Drainer, DrainOutcome
+from tasks.restock.maintenance import RebuildOutcome
+from tasks.restock.redolog import parse_entry
+from tasks.restock.shop import (
     DuplicateOrderItem,
     InvalidOrder,
     OrderExpired,
     StockUnavailable,
     UnknownOrder,
 )
-from tasks.stock import (
+from tasks.restock.stock import (
     HAS_BEEN_CONSUMED,
     PAID,
     SUCCESS,

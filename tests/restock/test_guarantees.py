@@ -14,12 +14,12 @@ import pytest
 import redis
 
 from tasks.deadletter import DeadLetters
-from tasks.drain import DEAD_LETTER_KIND, Drainer
-from tasks.maintenance import REBUILD_DEAD_LETTER_KIND, Rebuilder, RebuildOutcome
 from tasks.models import ItemState
-from tasks.nodes import StockNode
-from tasks.shop import Shop, StockUnavailable
-from tasks.stock import (
+from tasks.restock.drain import DEAD_LETTER_KIND, Drainer
+from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND, Rebuilder, RebuildOutcome
+from tasks.restock.nodes import StockNode
+from tasks.restock.shop import Shop, StockUnavailable
+from tasks.restock.stock import (
     attempts_key,
     deducted_key,
     delay_key,

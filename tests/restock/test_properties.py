@@ -32,8 +32,8 @@ from tasks.models import (
     SKUS,
     ItemState,
 )
-from tasks.shop import OrderError, OrderExpired, OrderPending, StockUnavailable
-from tasks.stock import (
+from tasks.restock.shop import OrderError, OrderExpired, OrderPending, StockUnavailable
+from tasks.restock.stock import (
     delay_key,
     maintenance_lease_name,
     redo_cursor_key,
@@ -192,6 +192,8 @@ def reset(world: World, engine: Engine) -> None:
         world.shop.define_sku(sku, total)
 
 
+# 120 workloads with Redis restarts: about a minute alone, more beside the parallel suite.
+@pytest.mark.timeout(480)
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(script=ops)
 def test_random_workloads_keep_every_invariant(

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.redolog import (
+from tasks.restock.redolog import (
     FIELDS,
     MAX_SKU_NUM,
     MalformedEntry,

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tasks.redolog import MAX_SKU_NUM, RedoEntry, format_entry, parse_entry
-from tasks.stock import (
+from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, format_entry, parse_entry
+from tasks.restock.stock import (
     ACTIONS,
     DEFAULT_DELAY_MS,
     HAS_BEEN_CONSUMED,

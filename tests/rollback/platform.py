@@ -20,7 +20,7 @@ from tasks.rollback import JOURNAL, OWNERS
 from tests.support.redis_server import RedisServer
 from tests.support.workers import Proc, platform_env, start_worker
 
-MODULES = "tasks.rollback,tasks.compensations"
+MODULES = "tasks.rollback,tasks.examples.saga"
 
 # The key patterns the rollback feature owns (journal leases and their fences, wake-up keys,
 # handover markers, the demo ledgers): a soak test counts these.

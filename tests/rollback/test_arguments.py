@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from tasks.compensations import MAX_ORDER_ID, place_order
+from tasks.examples.saga import MAX_ORDER_ID, place_order
 from tasks.rollback import rollback_task
-from tasks.sample_sagas import sleepy_saga
 from tasks.validate import InvalidArguments
+from tests.support.sagas import sleepy_saga
 
 HUGE = "o" * 1_000_000
 
@@ -39,6 +39,6 @@ def test_bad_arguments_are_refused_with_a_short_message(
 
 
 def test_a_good_order_id_of_the_longest_length_is_accepted() -> None:
-    from tasks.compensations import check_order
+    from tasks.examples.saga import check_order
 
     assert check_order("x" * MAX_ORDER_ID, "ship") == ("x" * MAX_ORDER_ID, "ship")

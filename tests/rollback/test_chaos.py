@@ -44,7 +44,7 @@ def test_a_saga_paused_past_its_ttl_fails_after_the_sweeper_undid_it(
     worker = platform.worker("paused")
     platform.sweepers()
     order = f"o-pause-{then_ship}"
-    result = platform.client.send_task("tasks.sample_sagas.sleepy_saga",
+    result = platform.client.send_task("tests.support.sagas.sleepy_saga",
                                        args=[order, 4, then_ship])
     wait_until(lambda: "charge" in platform.ledger(order), 30, "the saga to charge")
     [child] = pool_children(worker.pid)
@@ -66,13 +66,13 @@ def test_a_retry_that_carries_the_journal_is_swept_when_its_worker_dies(
     second = platform.worker("second", "-Q", "second")
     platform.sweepers()
     # Handed over and carried on: the retry's success deletes the whole journal.
-    fine = platform.client.send_task("tasks.sample_sagas.handover_saga",
+    fine = platform.client.send_task("tests.support.sagas.handover_saga",
                                      args=["o-fine", "second", 0], queue="first")
     assert fine.get(timeout=30) == ["reserve_stock", "charge"]
     wait_until(lambda: platform.states() == [] and platform.owners() == [], 10,
                "the journal deleted")
     # Now the retry's worker dies while the first worker lives on.
-    platform.client.send_task("tasks.sample_sagas.handover_saga",
+    platform.client.send_task("tests.support.sagas.handover_saga",
                               args=["o-dies", "second", 60], queue="first")
     wait_until(lambda: "charge" in platform.ledger("o-dies"), 30, "the retry to charge")
     second.kill()
@@ -95,7 +95,7 @@ def test_keys_and_rows_return_to_baseline_whatever_the_number_of_sagas(
     for n in (50, 200):
         fails = [None, "charge", "ship"]
         sagas = group(platform.client.signature(
-            "tasks.compensations.place_order", args=[f"soak-{n}-{i}", fails[i % 3]])
+            "tasks.examples.order_saga", args=[f"soak-{n}-{i}", fails[i % 3]])
             for i in range(n))
         results = sagas.apply_async()
         results.join(timeout=90, propagate=False)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(90)
 
 def test_a_task_that_fails_for_good_is_rolled_back(platform: Platform) -> None:
     platform.worker("fails")
-    sent = celery_call(platform.env, "tasks.compensations.place_order",
+    sent = celery_call(platform.env, "tasks.examples.order_saga",
                        "--args", '["o-1", "ship"]')
     assert sent.returncode == 0, sent.stderr
     wait_until(lambda: len(platform.ledger("o-1")) == 4, 30, "the saga to be undone")
@@ -34,7 +34,7 @@ def test_the_sweeper_rolls_back_a_task_killed_by_its_hard_time_limit(
 ) -> None:
     worker = platform.worker("hard")
     platform.sweepers()
-    platform.client.send_task("tasks.sample_sagas.stubborn_saga", args=["o-2"])
+    platform.client.send_task("tests.support.sagas.stubborn_saga", args=["o-2"])
     wait_until(lambda: "Hard time limit" in worker.output(), 30, "the hard time limit")
     wait_until(lambda: undone_once(platform, "o-2"), 15, "the sweeper's rollback")
     time.sleep(1.0)  # more sweeps: still once
@@ -45,7 +45,7 @@ def test_the_sweeper_rolls_back_a_task_killed_by_its_hard_time_limit(
 def test_the_sweeper_rolls_back_after_sigkill_of_the_pool_process(platform: Platform) -> None:
     worker = platform.worker("killed")
     platform.sweepers()
-    platform.client.send_task("tasks.sample_sagas.sleepy_saga", args=["o-3", 60])
+    platform.client.send_task("tests.support.sagas.sleepy_saga", args=["o-3", 60])
     wait_until(lambda: "charge" in platform.ledger("o-3"), 30, "the saga to charge")
     children = pool_children(worker.pid)
     assert len(children) == 1
@@ -63,7 +63,7 @@ def test_the_sweeper_rolls_back_after_sigkill_of_the_pool_process(platform: Plat
 
 def test_revoke_with_terminate_rolls_back(platform: Platform) -> None:
     platform.worker("revoked")
-    result = platform.client.send_task("tasks.sample_sagas.sleepy_saga", args=["o-4", 60])
+    result = platform.client.send_task("tests.support.sagas.sleepy_saga", args=["o-4", 60])
     wait_until(lambda: "charge" in platform.ledger("o-4"), 30, "the saga to charge")
     platform.client.control.revoke(result.id, terminate=True, signal="SIGKILL")
     wait_until(lambda: undone_once(platform, "o-4"), 20, "the rollback of the revoked run")
@@ -73,7 +73,7 @@ def test_revoke_with_terminate_rolls_back(platform: Platform) -> None:
 
 def test_the_soft_limit_rolls_back_before_the_failure_is_recorded(platform: Platform) -> None:
     platform.worker("soft")
-    result = platform.client.send_task("tasks.sample_sagas.slow_saga", ["o-soft"])
+    result = platform.client.send_task("tests.support.sagas.slow_saga", ["o-soft"])
     wait_until(lambda: result.state == "FAILURE", 30, "the soft time limit")
     # Read right after the failure became visible: the undo already happened, newest first.
     assert platform.ledger("o-soft") == ["reserve_stock", "charge", "refund", "release_stock"]
@@ -85,7 +85,7 @@ def test_the_soft_limit_rolls_back_before_the_failure_is_recorded(platform: Plat
 def test_the_sweeper_rolls_back_after_sigkill_of_the_whole_worker(platform: Platform) -> None:
     worker = platform.worker("doomed")
     platform.sweepers()
-    platform.client.send_task("tasks.sample_sagas.sleepy_saga", args=["o-5", 60])
+    platform.client.send_task("tests.support.sagas.sleepy_saga", args=["o-5", 60])
     wait_until(lambda: "charge" in platform.ledger("o-5"), 30, "the saga to charge")
     worker.kill()  # SIGKILL of the main process and its pool: no handler runs anywhere
     # The message waits for the visibility timeout (an hour); the sweeper does not.
@@ -97,6 +97,6 @@ def test_the_sweeper_rolls_back_after_sigkill_of_the_whole_worker(platform: Plat
 
 def test_a_retry_first_rolls_back_the_failed_attempt(platform: Platform) -> None:
     platform.worker("retry")
-    result = platform.client.send_task("tasks.sample_sagas.retrying_saga", ["o-6"])
+    result = platform.client.send_task("tests.support.sagas.retrying_saga", ["o-6"])
     assert result.get(timeout=30) == ["reserve_stock", "release_stock", "reserve_stock", "charge"]
     wait_until(lambda: platform.states() == [], 10, "the successful run's journal discarded")

@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from tasks.demo import reset_database
+from devtools.demo import reset_database
 from tasks.migrate import upgrade
 from tasks.resources import make_engine
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import redis
 
-from tasks.embedded import free_port
+from devtools.embedded import free_port
 
 
 class RedisServer:

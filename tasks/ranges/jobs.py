@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 from sqlalchemy import ColumnElement, Row, Table
 from sqlalchemy.orm import Session
 
-from tasks.planning import Partition
+from tasks.keys import range_lease_name
+from tasks.ranges.planning import Partition
 from tasks.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
 
 __all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
@@ -88,7 +89,7 @@ class RangeJob:
         validate_job_name(self.name)
         if self.where is None:
             raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
-                             "is required; see tasks/jobs.py")
+                             "is required; see tasks/ranges/jobs.py")
         for attr in ("partition_size", "batch_size", "parallelism"):
             if getattr(self, attr) <= 0:
                 raise ValueError(f"range job {self.name}: {attr} must be positive")
@@ -102,7 +103,7 @@ class RangeJob:
         return self.table.c[self.id_column]
 
     def lease_name(self, part: int) -> str:
-        return f"range:{self.name}:{part}"
+        return range_lease_name(self.name, part)
 
 
 _JOBS: dict[str, RangeJob] = {}

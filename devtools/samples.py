@@ -39,17 +39,17 @@ QUICK = RetryPolicy(max_retries=4, initial_interval=0.2, max_interval=1.0, multi
                     randomization=0.5, retry_on=(ConnectionError,))
 
 
-@app.task(name="tasks.samples.noop_bare", base=Task)
+@app.task(name="devtools.samples.noop_bare", base=Task)
 def noop_bare() -> None:
     """A no-op on a bare Celery task class (the overhead benchmark's baseline)."""
 
 
-@app.task(name="tasks.samples.noop_platform", base=PlatformTask)
+@app.task(name="devtools.samples.noop_platform", base=PlatformTask)
 def noop_platform() -> None:
     """A no-op on the platform's task base (policies, signals, journal support)."""
 
 
-@app.task(name="tasks.samples.flaky", base=PlatformTask, bind=True, retry_policy=QUICK)
+@app.task(name="devtools.samples.flaky", base=PlatformTask, bind=True, retry_policy=QUICK)
 def flaky(self: PlatformTask, key: str, failures: int) -> dict[str, Any]:
     """Fail with ConnectionError `failures` times (counted in Redis under `key`), then succeed."""
     attempt = _count(f"{SAMPLE_PREFIX}flaky:{key}", retries=self.request.retries)
@@ -58,27 +58,27 @@ def flaky(self: PlatformTask, key: str, failures: int) -> dict[str, Any]:
     return {"attempts": attempt, "retries": self.request.retries}
 
 
-@app.task(name="tasks.samples.picky", base=PlatformTask, retry_policy=QUICK)
+@app.task(name="devtools.samples.picky", base=PlatformTask, retry_policy=QUICK)
 def picky(key: str) -> None:
     """Fail with a ValueError: not in the policy's retry_on, so never retried."""
     _count(f"{SAMPLE_PREFIX}picky:{key}")
     raise ValueError(f"{key} is malformed")
 
 
-@app.task(name="tasks.samples.poison", base=PlatformTask)
+@app.task(name="devtools.samples.poison", base=PlatformTask)
 def poison(key: str) -> None:
     """A poison message: it kills the pool process that runs it, every time."""
     _count(f"{SAMPLE_PREFIX}poison:{key}")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-@app.task(name="tasks.samples.prompt", base=PlatformTask, schedule_to_start=1.0)
+@app.task(name="devtools.samples.prompt", base=PlatformTask, schedule_to_start=1.0)
 def prompt() -> str:
     """Worth running only within a second of being sent (schedule-to-start limit)."""
     return "started in time"
 
 
-@app.task(name="tasks.samples.nap", base=PlatformTask)
+@app.task(name="devtools.samples.nap", base=PlatformTask)
 def nap(seconds: float) -> float:
     """Sleep `seconds`, then return them (a busy worker holding an unacknowledged message)."""
     time.sleep(seconds)

@@ -1,9 +1,10 @@
 """Saga variants the rollback tests and demos run on real workers: one sleeps (and may take one
 more step after it), one outlives its soft limit, one hits it, one retries, one hands its
-journal over to a retry on another queue. Registered only with DEV_TASKS=1.
+journal over to a retry on another queue. Registered when EXTRA_TASK_MODULES names this
+module (the tests do).
 
-    DEV_TASKS=1 celery -A tasks worker
-    celery -A tasks call tasks.sample_sagas.sleepy_saga --args '["o-1", 60]'
+    EXTRA_TASK_MODULES=tests.support.sagas celery -A tasks worker
+    celery -A tasks call tests.support.sagas.sleepy_saga --args '["o-1", 60]'
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from tasks.app import app
 from tasks.base import PlatformTask
-from tasks.compensations import STEPS, check_order, ledger, run_steps
+from tasks.examples.saga import STEPS, check_order, ledger, run_steps
 from tasks.retry import RetryPolicy
 from tasks.validate import InvalidArguments, text_arg
 
@@ -27,7 +28,7 @@ def _seconds(value: object, most: float = 120.0) -> float:
     return float(value)
 
 
-@app.task(name="tasks.sample_sagas.sleepy_saga", base=PlatformTask, soft_time_limit=30,
+@app.task(name="tests.support.sagas.sleepy_saga", base=PlatformTask, soft_time_limit=30,
           time_limit=40)
 def sleepy_saga(order_id: str, seconds: float, then_ship: bool = False) -> list[str]:
     """Reserve and charge, then sleep (tests kill, revoke or pause it while it sleeps); with
@@ -41,7 +42,7 @@ def sleepy_saga(order_id: str, seconds: float, then_ship: bool = False) -> list[
     return ledger(order_id)
 
 
-@app.task(name="tasks.sample_sagas.stubborn_saga", base=PlatformTask, soft_time_limit=1,
+@app.task(name="tests.support.sagas.stubborn_saga", base=PlatformTask, soft_time_limit=1,
           time_limit=2)
 def stubborn_saga(order_id: str) -> None:
     """Reserve and charge, then outlive the soft limit until the hard limit kills it.
@@ -59,7 +60,7 @@ def stubborn_saga(order_id: str) -> None:
             pass
 
 
-@app.task(name="tasks.sample_sagas.slow_saga", base=PlatformTask, soft_time_limit=1,
+@app.task(name="tests.support.sagas.slow_saga", base=PlatformTask, soft_time_limit=1,
           time_limit=4)
 def slow_saga(order_id: str) -> None:
     """Reserve and charge, then run into the soft limit: PlatformTask rolls both back before
@@ -69,7 +70,7 @@ def slow_saga(order_id: str) -> None:
     time.sleep(10)
 
 
-@app.task(name="tasks.sample_sagas.retrying_saga", base=PlatformTask, bind=True,
+@app.task(name="tests.support.sagas.retrying_saga", base=PlatformTask, bind=True,
           retry_policy=RetryPolicy(max_retries=2, initial_interval=0.2, max_interval=0.5,
                                    retry_on=(ConnectionError,)))
 def retrying_saga(self: PlatformTask, order_id: str) -> list[str]:
@@ -83,7 +84,7 @@ def retrying_saga(self: PlatformTask, order_id: str) -> list[str]:
     return ledger(order_id)
 
 
-@app.task(name="tasks.sample_sagas.handover_saga", base=PlatformTask, bind=True,
+@app.task(name="tests.support.sagas.handover_saga", base=PlatformTask, bind=True,
           soft_time_limit=30, time_limit=40)
 def handover_saga(self: PlatformTask, order_id: str, retry_queue: str,
                   seconds: float) -> list[str]:

@@ -1,9 +1,9 @@
-"""`make demo` / `python -m tasks demo`: the range job `cm_data` end to end, on real processes.
+"""`make demo` / `python -m devtools demo`: the range job `cm_data` end to end, on real processes.
 
 Seeds rows, starts real `celery -A tasks worker` processes and a beat, starts the job with
 `celery -A tasks call`, shows a progress bar per partition, optionally kills a worker mid-run
 (`--chaos`) so the takeover shows, then verifies that every row was processed exactly once.
-With `--restock` it then runs the restock scenario (tasks/restock_demo.py) on the same
+With `--restock` it then runs the restock scenario (devtools/restock_demo.py) on the same
 workers and beat: orders, payments, and unpaid stock coming back. It stops everything it
 started.
 """
@@ -33,7 +33,7 @@ from rich.progress import (
 )
 from sqlalchemy import Engine, MetaData, Table, func, select, text
 
-from tasks.embedded import NotScratch, demo_redis, flush_scratch
+from devtools.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.models import CM_DATA
 from tasks.models import PartitionStatus as S
 from tasks.resources import make_engine
@@ -42,7 +42,7 @@ from tasks.settings import redact
 __all__ = ["main", "verify", "Verification"]
 
 ROOT = Path(__file__).resolve().parents[1]
-# The demo flushes only a database it verified empty and marked (tasks.embedded.claim_scratch):
+# The demo flushes only a database it verified empty and marked (devtools.embedded.claim_scratch):
 # REDIS_URL, or this logical database of a local Redis, or a private Redis it starts.
 DEMO_REDIS_DB = 14
 OUR_TABLES = ("cm_data", "work_items", "schedules", "dead_letters", "rollback_journal",
@@ -140,7 +140,7 @@ class Fleet:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tasks demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devtools demo", description=__doc__)
     parser.add_argument("--db", default=None, help="SQLAlchemy URL (default: a SQLite file)")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2)
@@ -180,8 +180,8 @@ def main(argv: list[str]) -> int:
     flush_scratch(redis_lib.Redis.from_url(redis_url))
     engine = make_engine(db_url)
     reset_database(engine)
+    from tasks.examples.seed import seed_cm_data
     from tasks.migrate import upgrade
-    from tasks.seed import seed_cm_data
 
     upgrade(engine)
     started = time.monotonic()
@@ -231,7 +231,7 @@ def _run(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engin
     ok = result.exactly_once and result.finished == result.partitions
     console.print("[bold green]exactly once: yes[/]" if ok else "[bold red]exactly once: NO[/]")
     if args.restock:
-        from tasks.restock_demo import run_restock
+        from devtools.restock_demo import run_restock
 
         ok = run_restock(console, fleet.env["REDIS_URL"], args.restock_delay) and ok
     return 0 if ok else 1

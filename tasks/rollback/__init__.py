@@ -5,7 +5,7 @@ Inside a task built on `tasks.base.PlatformTask`::
     @compensation("cancel_shipment")
     def cancel_shipment(data: dict[str, Any]) -> None: ...   # idempotent, see below
 
-    @app.task(name="tasks.shop.place_order", base=PlatformTask)
+    @app.task(name="tasks.restock.shop.place_order", base=PlatformTask)
     def place_order(order_id: str) -> None:
         with step("ship", undo="cancel_shipment", data={"order": order_id}):
             ship(order_id)
@@ -103,11 +103,11 @@ from lease import Lease, LeaseError, Leases, NotAcquired
 from lease.keys import lease_key
 from tasks.app import app, settings
 from tasks.base import PlatformTask
+from tasks.db import WRITE_INTENT, affected, utcnow
 from tasks.deadletter import DeadLetters
-from tasks.models import WRITE_INTENT, affected, utcnow
+from tasks.keys import HANDOVER_PREFIX, handover_key, journal_lease_name
 from tasks.resources import resources_for
 from tasks.retry import RetryPolicy, decide
-from tasks.settings import SettingsError
 from tasks.validate import text_arg
 
 __all__ = [
@@ -182,21 +182,11 @@ class JournalLost(RollbackError, RuntimeError):
 # -- settings -------------------------------------------------------------------------------
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise SettingsError(f"{name}={raw!r} must be one of 1/true/yes/on or 0/false/no/off")
-
-
 # True: a retried task's failed attempt is rolled back before the retry runs, so every attempt
 # starts from a clean slate. False: the journal is handed over to the next attempt and only
 # the final outcome decides (rolled back on final failure, deleted on success).
-rollback_on_retry: bool = _env_flag("ROLLBACK_ON_RETRY", True)
+# ROLLBACK_ON_RETRY, read once by the settings.
+rollback_on_retry: bool = settings.rollback_on_retry
 
 # Inline retries of a failing compensation: short, because they run inside a task or the
 # sweeper; what still fails goes to the dead-letter store.
@@ -208,11 +198,6 @@ COMPENSATION_POLICY = RetryPolicy(max_retries=3, initial_interval=0.2, max_inter
 # TTL: the retry's countdown + VISIBILITY_TIMEOUT + LEASE_TTL (by then the retry message has
 # been delivered, or redelivered, if it ever will). Owner: Journal.handover sets it, the next
 # attempt's adoption deletes it.
-HANDOVER_PREFIX = "rollback-handover:"
-
-
-def handover_key(task_id: str) -> str:
-    return f"{HANDOVER_PREFIX}{{{task_id}}}"
 
 
 # -- signals (sender: the task name) ------------------------------------------------------------
@@ -292,11 +277,6 @@ OWNERS = Table(
     Column("state", String(16), nullable=False),
     Column("updated_at", DateTime, nullable=False),
 )
-
-
-def journal_lease_name(task_id: str) -> str:
-    """The lease that marks the journal of `task_id` as owned by a live process."""
-    return f"journal:{task_id}"
 
 
 # -- compensations ------------------------------------------------------------------------------

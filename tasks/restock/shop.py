@@ -39,18 +39,10 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.models import (
-    ORDER_ITEMS,
-    ORDERS,
-    PAYMENTS,
-    RESTOCK_NODES,
-    SKUS,
-    WRITE_INTENT,
-    ItemState,
-    utcnow,
-)
-from tasks.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
-from tasks.stock import (
+from tasks.db import WRITE_INTENT, utcnow
+from tasks.models import ORDER_ITEMS, ORDERS, PAYMENTS, RESTOCK_NODES, SKUS, ItemState
+from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
+from tasks.restock.stock import (
     Generation,
     InsufficientStock,
     NodeMaintaining,

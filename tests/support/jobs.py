@@ -1,4 +1,4 @@
-"""Test-only range jobs (registered only with DEV_TASKS=1, like tasks.samples).
+"""Test-only range jobs (registered when EXTRA_TASK_MODULES names them, as the tests do).
 
 `poison_pill` walks `cm_data` like the demo job, but its process function SIGKILLs its own
 pool process when a batch holds a row whose payload is "poison" (an OOM kill, a segfault in a
@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from tasks.cm_data import mark_processed
-from tasks.jobs import Context, RangeJob, register
+from tasks.examples.cm_data import mark_processed
 from tasks.models import CM_DATA, CmData
+from tasks.ranges.jobs import Context, RangeJob, register
 
 __all__ = ["poison_pill", "POISON"]
 

@@ -45,12 +45,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import LeaseLost, NotAcquired
+from tasks.db import WRITE_INTENT, is_transient, utcnow
 from tasks.deadletter import DeadLetters
-from tasks.models import ORDER_ITEMS, WRITE_INTENT, ItemState, utcnow
-from tasks.nodes import StockNode
-from tasks.partition import is_transient
-from tasks.redolog import MalformedEntry, RedoEntry, parse_entry
-from tasks.stock import (
+from tasks.models import ORDER_ITEMS, ItemState
+from tasks.restock.nodes import StockNode
+from tasks.restock.redolog import MalformedEntry, RedoEntry, parse_entry
+from tasks.restock.stock import (
     DEFAULT_CAPACITY,
     DEFAULT_DELAY_MS,
     SUCCESS,

@@ -27,13 +27,13 @@ from typing import Any
 
 from tasks.app import app, settings
 from tasks.base import PlatformTask
-from tasks.drain import Drainer
-from tasks.maintenance import Rebuilder
-from tasks.nodes import StockNode
-from tasks.redolog import MAX_SKU_NUM
 from tasks.resources import resources_for
+from tasks.restock.drain import Drainer
+from tasks.restock.maintenance import Rebuilder
+from tasks.restock.nodes import StockNode, stock_nodes
+from tasks.restock.redolog import MAX_SKU_NUM
+from tasks.restock.shop import OrderPending, Router, Shop, StockUnavailable
 from tasks.retry import RetryPolicy
-from tasks.shop import OrderPending, Router, Shop, StockUnavailable
 from tasks.validate import InvalidArguments, int_arg, quote, text_arg
 
 __all__ = ["ID_MAX_LEN", "MAX_LINES", "define_sku", "drain", "inspect", "pay", "place_order",
@@ -54,12 +54,12 @@ def router() -> Router:
 
 def _shop() -> Shop:
     res = resources_for(settings)
-    return Shop(res.sessions, [n.scripts for n in res.stock_nodes], router())
+    return Shop(res.sessions, [n.scripts for n in stock_nodes(res)], router())
 
 
 def _node(node: Any) -> StockNode:
     index = int_arg("node", node, lo=0, hi=len(settings.restock_nodes) - 1)
-    return resources_for(settings).stock_nodes[index]
+    return stock_nodes(resources_for(settings))[index]
 
 
 def _queue(queue: Any) -> str:

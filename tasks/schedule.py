@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.stock import queue_names
-
 __all__ = ["beat_schedule", "PRUNE_INTERVAL"]
 
 # Seconds between dead-letter prunes (DEAD_LETTER_RETENTION is days; an hour late is nothing).
@@ -13,7 +11,7 @@ PRUNE_INTERVAL = 3600.0
 
 
 def beat_schedule(
-    reconcile_interval: float, restock_nodes: int = 1, queues: int = 2,
+    reconcile_interval: float, restock_nodes: int = 1, queues: tuple[str, ...] = ("q0", "q1"),
     restock_interval: float = 5.0, prune_interval: float = PRUNE_INTERVAL,
 ) -> dict[str, dict[str, Any]]:
     """The periodic tasks. A periodic message that waited a whole interval is stale: the next
@@ -45,7 +43,7 @@ def beat_schedule(
         },
     }
     for node in range(restock_nodes):
-        for queue in queue_names(queues):
+        for queue in queues:
             for job in ("sync", "drain"):
                 schedule[f"restock-{job}-{node}-{queue}"] = {
                     "task": f"tasks.restock.{job}",

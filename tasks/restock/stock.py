@@ -42,7 +42,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from lease.keys import lease_key
-from tasks.redolog import (
+from tasks.restock.redolog import (
     MAX_SKU_NUM,
     MalformedEntry,
     RedoEntry,
@@ -140,15 +140,15 @@ DEDUCTED_PREFIX = "deducted:"
 TERM_PREFIX = "term:"
 
 # meta:{node:N} -> hash {next_maintain_ms, rebuilt_ms}: when the node's next maintenance
-# window opens and when the last rebuild finished. No TTL. Owner: tasks.maintenance; a node
+# window opens and when the last rebuild finished. No TTL. Owner: tasks.restock.maintenance; a node
 # without it (new, or restarted empty) is rebuilt at once.
 META_PREFIX = "meta:"
 
 # lease:{node:N}:maintenance (lease package) exists while the node is in its maintenance
 # window; deduct, sync, restock and discard refuse then. TTL: the rebuilder's lease TTL,
-# renewed while it makes progress. Owner: tasks.maintenance; rebuild.lua checks its token.
+# renewed while it makes progress. Owner: tasks.restock.maintenance; rebuild.lua checks its token.
 # lease:{node:N}:drain:QUEUE (lease package): the queue drainer's token. TTL: the drainer's
-# lease TTL. Owner: tasks.drain; restock.lua and discard.lua check it.
+# lease TTL. Owner: tasks.restock.drain; restock.lua and discard.lua check it.
 
 # redo:{node:N}:QUEUE -> stream of {e = entry text, t = time_ms}. No TTL. Owner: deduct.lua and
 # rebuild.lua append; sync.lua reads it and trims what it moved to the delay queue.
@@ -176,12 +176,12 @@ DELAY_PREFIX = "delay:"
 # drain-attempts:{node:N}:QUEUE -> hash member -> drain attempts at it, counted before each
 # attempt (so a drainer that dies mid-batch counts). No TTL; restock.lua and discard.lua delete
 # a member's count with the member, so it holds at most one field per queued entry. Owner:
-# tasks.drain.
+# tasks.restock.drain.
 ATTEMPTS_PREFIX = "drain-attempts:"
 
 # rebuild-attempts:{node:N} -> integer, rebuilds of the node started and not finished (a
 # rebuild that dies leaves its count). TTL: the maintenance interval, so a node whose rebuild
-# was dead-lettered is tried again once per window. Owner: tasks.maintenance.
+# was dead-lettered is tried again once per window. Owner: tasks.restock.maintenance.
 REBUILD_ATTEMPTS_PREFIX = "rebuild-attempts:"
 
 # The seed's numbers: unpaid orders are restocked after 10 minutes; a queue holding 100,000
@@ -294,7 +294,7 @@ def deduct_keys(redis_id: int, queue: str) -> list[str]:
 
 
 def _load(name: str) -> str:
-    return (resources.files("tasks") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    return (resources.files("tasks.restock") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
 DEDUCT = _load("deduct")

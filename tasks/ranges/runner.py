@@ -44,22 +44,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy import Connection, Row, bindparam, case, func, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
+from tasks.db import WRITE_INTENT, affected, is_redis_away, is_transient, utcnow
 from tasks.deadletter import DeadLetters
-from tasks.jobs import Context, InvalidArguments, RangeJob
-from tasks.models import WORK, WRITE_INTENT, affected, utcnow
+from tasks.models import WORK
 from tasks.models import PartitionStatus as S
-from tasks.planning import Partition
+from tasks.ranges.jobs import Context, InvalidArguments, RangeJob
+from tasks.ranges.planning import Partition
 
 __all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "FencedOut",
-           "FilterNotCleared", "is_transient", "is_redis_away", "DEAD_LETTER_KIND"]
+           "FilterNotCleared", "DEAD_LETTER_KIND"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -107,18 +106,6 @@ class Progress:
 
 class ShutdownFlag(Protocol):
     def is_set(self) -> bool: ...
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Database errors worth retrying: a lost connection, a lock timeout, a busy SQLite file."""
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, OperationalError)
-
-
-def is_redis_away(exc: BaseException) -> bool:
-    """Redis did not answer (restarting, failing over): as transient as a database that is."""
-    return isinstance(exc, RedisConnectionError | RedisTimeoutError)
 
 
 class FencedOut(Exception):

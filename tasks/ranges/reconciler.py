@@ -29,10 +29,13 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
-from tasks.jobs import RangeJob
-from tasks.models import SCHEDULES, WORK, affected, utcnow
+from tasks.db import affected, utcnow
+from tasks.keys import RANGE_PREFIX, job_of_schedule
+from tasks.keys import range_schedule_name as schedule_name
+from tasks.models import SCHEDULES, WORK
 from tasks.models import PartitionStatus as S
-from tasks.planning import StoredPlan, plan_after
+from tasks.ranges.jobs import RangeJob
+from tasks.ranges.planning import StoredPlan, plan_after
 
 __all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs"]
 
@@ -42,10 +45,6 @@ log = logging.getLogger("tasks.ranges")
 Dispatch = Callable[[str, int], None]
 # A test seam: called with the name of each step of a round ("won", "read") as it passes it.
 Seam = Callable[[str], None]
-
-
-def schedule_name(job: str) -> str:
-    return f"range:{job}"
 
 
 @dataclass
@@ -92,8 +91,9 @@ def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
 def active_jobs(sessions: sessionmaker[Session]) -> list[str]:
     with sessions() as session:
         names = session.execute(select(SCHEDULES.c.name).where(
-            SCHEDULES.c.active.is_(True), SCHEDULES.c.name.like("range:%"))).scalars().all()
-    return [name.split(":", 1)[1] for name in names]
+            SCHEDULES.c.active.is_(True), SCHEDULES.c.name.like(f"{RANGE_PREFIX}%"))
+        ).scalars().all()
+    return [job_of_schedule(name) for name in names]
 
 
 def _win_round(sessions: sessionmaker[Session], name: str, interval: float) -> int | None:

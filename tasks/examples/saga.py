@@ -1,6 +1,6 @@
 """An order saga with rollback checkpoints, and the compensations that undo its steps.
 
-    celery -A tasks call tasks.compensations.place_order --args '["o-1", "ship"]'
+    celery -A tasks call tasks.examples.order_saga --args '["o-1", "ship"]'
     redis-cli lrange saga:o-1 0 -1
         reserve_stock  charge  refund  release_stock
 
@@ -9,7 +9,7 @@ the order's ledger (a Redis list on the platform Redis); the step named by `fail
 before it happens, so the task fails for good and the steps already done are undone in
 reverse order. The compensations are idempotent and do nothing for a step that never ran
 (lua/saga_undo.lua), as every compensation must be. The saga variants the rollback tests run
-on real workers are in `tasks.sample_sagas` (registered with DEV_TASKS=1).
+on real workers are in `tests.support.sagas` (the tests register them through EXTRA_TASK_MODULES).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ MAX_ORDER_ID = 128
 STEPS = (("reserve_stock", "release_stock"), ("charge", "refund"), ("ship", "cancel_shipment"))
 _UNDONE = {undo: done for done, undo in STEPS}
 
-UNDO = (resources.files("tasks") / "lua" / "saga_undo.lua").read_text(encoding="utf-8")
+UNDO = (resources.files("tasks.examples") / "lua" / "saga_undo.lua").read_text(encoding="utf-8")
 _undo_script: Script | None = None  # registered once, run on this process's client
 
 
@@ -125,7 +125,7 @@ def run_steps(order_id: str, fail_at: str | None, steps: tuple[tuple[str, str], 
             _append(order_id, name)
 
 
-@app.task(name="tasks.compensations.place_order", base=PlatformTask, soft_time_limit=50,
+@app.task(name="tasks.examples.order_saga", base=PlatformTask, soft_time_limit=50,
           time_limit=60)
 def place_order(order_id: str, fail_at: str | None = None) -> list[str]:
     """Reserve stock, charge, ship; `fail_at` names a step that fails (for the demo)."""

@@ -13,9 +13,10 @@ from typing import Any
 import redis
 
 from lease import Leases
-from tasks.stock import StockScripts
+from tasks.resources import Resources
+from tasks.restock.stock import StockScripts
 
-__all__ = ["StockNode", "connect_nodes"]
+__all__ = ["StockNode", "connect_nodes", "stock_nodes"]
 
 
 @dataclass
@@ -47,3 +48,8 @@ def connect_nodes(urls: Sequence[str], socket_timeout: float = 5.0) -> list[Stoc
     return [StockNode.on(i, redis.Redis.from_url(url, socket_timeout=socket_timeout,
                                                    socket_connect_timeout=socket_timeout))
             for i, url in enumerate(urls)]
+
+
+def stock_nodes(res: Resources) -> list[StockNode]:
+    """This process's stock nodes for `res.settings` (RESTOCK_REDIS_URLS), node 0 first."""
+    return res.shared("stock_nodes", lambda settings: connect_nodes(settings.restock_nodes))

@@ -14,12 +14,11 @@ from typing import Any
 from celery import Task
 from redis.exceptions import RedisError
 
-from tasks import cm_data as _cm_data  # noqa: F401  (registers the demo job)
 from tasks.app import app, settings
-from tasks.jobs import get_job, registered_jobs, validate_job_name, validate_part
 from tasks.lifecycle import shutdown_requested
-from tasks.partition import Outcome, PartitionRunner, Progress
-from tasks.reconciler import Round, activate, active_jobs, reconcile_job
+from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
+from tasks.ranges.reconciler import Round, activate, active_jobs, reconcile_job
+from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.resources import resources_for
 
 __all__ = ["start", "reconcile", "run_partition", "PROGRESS"]

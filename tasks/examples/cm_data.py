@@ -3,8 +3,8 @@
 Each processed row gets `status = 1`, `processed_count + 1` and the fence of the lease holder
 that processed it, so a check afterwards can prove every row was processed exactly once.
 
-Its knobs are read once, when the module is imported (a bad value stops the worker at start-up
-with a message naming the variable):
+Its knobs are platform settings, read once at start-up (a bad value stops the worker with a
+message naming the variable):
 
 | variable | default | meaning |
 | --- | --- | --- |
@@ -18,29 +18,26 @@ with a message naming the variable):
 from __future__ import annotations
 
 import hashlib
-import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Row, update
 
-from tasks.jobs import Context, RangeJob, register
+from tasks.app import settings
 from tasks.models import CM_DATA, CmData
-from tasks.settings import SettingsError
+from tasks.ranges.jobs import Context, RangeJob, register
+from tasks.settings import load_settings
 
 __all__ = ["cm_data", "mark_processed", "cpu_work", "CmDataConfig", "load_config", "CONFIG"]
 
 CPU_ROUNDS = 2000
 WORK_KINDS = ("trivial", "cpu")
 
-N = TypeVar("N", int, float)
-
-
 @dataclass(frozen=True)
 class CmDataConfig:
-    """The demo job's knobs (see the module docstring)."""
+    """The example job's knobs, from the platform's settings (CM_DATA_*)."""
 
     partition_size: int = 2_000_000
     batch_size: int = 1000
@@ -49,32 +46,16 @@ class CmDataConfig:
     batch_delay: float = 0.0
 
 
-def _number(env: Mapping[str, str], name: str, cast: Callable[[str], N], default: N,
-            minimum: N) -> N:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = cast(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw[:32]!r} is not a number") from None
-    if not value >= minimum:
-        raise SettingsError(f"{name}={raw[:32]!r} must be at least {minimum:g}")
-    return value
-
-
 def load_config(env: Mapping[str, str] | None = None) -> CmDataConfig:
-    """Read the CM_DATA_* knobs from `env` (default `os.environ`); `SettingsError` if bad."""
-    env = os.environ if env is None else env
-    work = env.get("CM_DATA_WORK", "").strip() or "trivial"
-    if work not in WORK_KINDS:
-        raise SettingsError(f"CM_DATA_WORK={work[:32]!r} must be one of {', '.join(WORK_KINDS)}")
+    """The CM_DATA_* knobs of `env` (default: the settings the app loaded at start-up);
+    `SettingsError` naming the variable if one is bad."""
+    found = settings if env is None else load_settings(env)
     return CmDataConfig(
-        partition_size=_number(env, "CM_DATA_PARTITION_SIZE", int, 2_000_000, 1),
-        batch_size=_number(env, "CM_DATA_BATCH_SIZE", int, 1000, 1),
-        parallelism=_number(env, "CM_DATA_PARALLELISM", int, 2, 1),
-        work=work,
-        batch_delay=_number(env, "CM_DATA_BATCH_DELAY", float, 0.0, 0.0),
+        partition_size=found.cm_data_partition_size,
+        batch_size=found.cm_data_batch_size,
+        parallelism=found.cm_data_parallelism,
+        work=found.cm_data_work,
+        batch_delay=found.cm_data_batch_delay,
     )
 
 

@@ -45,20 +45,13 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, NotAcquired
+from tasks.db import WRITE_INTENT, utcnow
 from tasks.deadletter import DeadLetters
-from tasks.models import (
-    ORDER_ITEMS,
-    ORDERS,
-    RESTOCK_NODES,
-    SKUS,
-    WRITE_INTENT,
-    ItemState,
-    utcnow,
-)
-from tasks.nodes import StockNode
-from tasks.redolog import MalformedEntry, format_entry, parse_entry
-from tasks.shop import recorded_generation
-from tasks.stock import (
+from tasks.models import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
+from tasks.restock.nodes import StockNode
+from tasks.restock.redolog import MalformedEntry, format_entry, parse_entry
+from tasks.restock.shop import recorded_generation
+from tasks.restock.stock import (
     Generation,
     LockNotHeld,
     Reissue,

@@ -1,0 +1,1 @@
+"""Developer tooling, not the product: the demos, an embedded Redis, sample tasks."""

@@ -1,0 +1,1 @@
+"""What users copy: the example range job `cm_data` and the example order saga."""
