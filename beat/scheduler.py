@@ -42,10 +42,6 @@ class LeaderScheduler(Scheduler):
         self._lease: Lease | None = None
         super().__init__(*args, **kwargs)
 
-    @property
-    def is_leader(self) -> bool:
-        return self._lease is not None and not self._lease.lost
-
     def tick(self, *args: Any, **kwargs: Any) -> float:
         wait = self.lease_ttl / 3
         if not self._lead():

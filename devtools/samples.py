@@ -19,7 +19,7 @@ __all__ = ["flaky", "noop_bare", "noop_platform", "poison", "picky", "prompt", "
 
 # sample:{flaky,picky,poison}:{KEY}[:retries] -> attempts (and retry numbers) of a sample run.
 # TTL: SAMPLE_TTL, renewed by each attempt. Owner: the sample tasks below (tests read them).
-SAMPLE_PREFIX = "sample:"
+SAMPLE_KEY = "sample:"
 SAMPLE_TTL = 3600
 
 
@@ -52,7 +52,7 @@ def noop_platform() -> None:
 @app.task(name="devtools.samples.flaky", base=PlatformTask, bind=True, retry_policy=QUICK)
 def flaky(self: PlatformTask, key: str, failures: int) -> dict[str, Any]:
     """Fail with ConnectionError `failures` times (counted in Redis under `key`), then succeed."""
-    attempt = _count(f"{SAMPLE_PREFIX}flaky:{key}", retries=self.request.retries)
+    attempt = _count(f"{SAMPLE_KEY}flaky:{key}", retries=self.request.retries)
     if attempt <= failures:
         raise ConnectionError(f"attempt {attempt}: the service is away")
     return {"attempts": attempt, "retries": self.request.retries}
@@ -61,14 +61,14 @@ def flaky(self: PlatformTask, key: str, failures: int) -> dict[str, Any]:
 @app.task(name="devtools.samples.picky", base=PlatformTask, retry_policy=QUICK)
 def picky(key: str) -> None:
     """Fail with a ValueError: not in the policy's retry_on, so never retried."""
-    _count(f"{SAMPLE_PREFIX}picky:{key}")
+    _count(f"{SAMPLE_KEY}picky:{key}")
     raise ValueError(f"{key} is malformed")
 
 
 @app.task(name="devtools.samples.poison", base=PlatformTask)
 def poison(key: str) -> None:
     """A poison message: it kills the pool process that runs it, every time."""
-    _count(f"{SAMPLE_PREFIX}poison:{key}")
+    _count(f"{SAMPLE_KEY}poison:{key}")
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -107,7 +107,10 @@ CeleryTask.Strategy = "tasks.limits:strategy"
 
 
 class PlatformCelery(Celery):  # type: ignore[misc]
-    """Celery whose result backend stores no long strings (`tasks.limits.bounded_backend`)."""
+    """Celery whose result backend stores no long strings (`tasks.limits.bounded_backend`),
+    carrying the platform's settings for code the app imports (which cannot import it back)."""
+
+    platform_settings: Settings | None = None
 
     def _get_backend(self) -> Any:
         # Celery's own `_get_backend`, with the class wrapped: `backend_cls` cannot carry the
@@ -120,6 +123,7 @@ class PlatformCelery(Celery):  # type: ignore[misc]
 app = PlatformCelery("tasks", amqp="tasks.limits:LimitedAMQP",
              include=TASK_MODULES + list(settings.extra_task_modules))
 app.conf.update(configure(settings))
+app.platform_settings = settings
 
 
 @signals.after_setup_logger.connect

@@ -34,6 +34,9 @@ from celery.app.amqp import AMQP
 from celery.worker.strategy import default as default_strategy
 from kombu.utils.json import dumps
 
+from tasks.deadletter import DeadLetters
+from tasks.resources import resources_for
+from tasks.settings import load_settings
 from tasks.validate import InvalidArguments, quote
 
 __all__ = ["MessageTooLarge", "LimitedAMQP", "strategy", "OVERSIZED_KIND", "check_size",
@@ -118,10 +121,9 @@ def _refuse(task: Any, app: Any, message: Any, size: int, limit: int) -> None:
         error = exc
     log.error("refused task %s[%s]: %s", task.name, task_id, error)
     try:
-        from tasks.app import settings
-        from tasks.deadletter import DeadLetters
-        from tasks.resources import resources_for
-
+        # The app's settings (PlatformCelery carries them): limits is imported by the app, so it
+        # never imports the app back.
+        settings = getattr(app, "platform_settings", None) or load_settings()
         DeadLetters(resources_for(settings).sessions).add(
             OVERSIZED_KIND, task_id or task.name, str(error),
             {"task": task.name, "bytes": size, "prefix": quote(prefix)})

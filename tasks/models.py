@@ -1,4 +1,10 @@
-"""SQLAlchemy 2 models: the work table, the schedule table, and the demo table `cm_data`.
+"""SQLAlchemy 2 models, one MetaData (`Base.metadata`) for every table:
+
+    work_items, schedules      range jobs (partitions and their reconcile rounds)
+    cm_data                    the example job's table
+    dead_letters               every wing's dead letters
+    skus, orders, order_items, payments, restock_nodes    restock
+    rollback_journal, rollback_owners    the rollback wing's journal (defined in tasks.rollback)
 
 The same models run on SQLite, PostgreSQL and MariaDB; Alembic migrations in
 `tasks/migrations` create them (`python -m tasks migrate`).
