@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -113,3 +114,27 @@ def test_sample_tasks_are_registered_only_when_asked_for(modules: str, expected:
     assert ("devtools.samples.poison" in samples) is expected
     assert ("tests.support.sagas.sleepy_saga" in samples) is expected
     assert "tasks.examples.order_saga" in names and "tasks.ranges.start" in names
+
+
+def test_every_task_the_readme_beat_and_compose_name_is_registered() -> None:
+    """The README's `celery call` lines and beat's entries name tasks a default worker has
+    (no EXTRA_TASK_MODULES): a moved module must keep its tasks' registered names."""
+    code = ("from tasks.app import app; app.loader.import_default_modules(); "
+            "import json; print(json.dumps([sorted(app.tasks), "
+            "sorted(e['task'] for e in app.conf.beat_schedule.values())]))")
+    out = subprocess.run([sys.executable, "-c", code], env=platform_env(EXTRA_TASK_MODULES=""),
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+    registered, scheduled = json.loads(out.strip().splitlines()[-1])
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    called = set(re.findall(r"celery -A tasks call ([\w.]+)", readme))
+    assert called and scheduled
+    assert called - set(registered) == set()
+    assert set(scheduled) - set(registered) == set()
+    short = [name.rsplit(".", 1)[1] for name in registered if not name.startswith("celery.")]
+    assert sorted({n for n in short if short.count(n) > 1}) == []
+
+
+def test_the_image_holds_every_product_package() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    for package in ("lease", "tasks", "beat", "devtools"):
+        assert f"COPY {package} {package}" in dockerfile
