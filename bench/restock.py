@@ -38,17 +38,11 @@ from tasks.migrate import upgrade
 from tasks.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.resources import make_engine
 from tasks.restock.drain import Drainer
+from tasks.restock.keys import deduct_keys, delay_key, drain_lock_key, stock_key
 from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import RedoEntry, parse_entry
-from tasks.restock.stock import (
-    ACTIONS,
-    Action,
-    StockScripts,
-    deduct_keys,
-    delay_key,
-    drain_lock_key,
-    stock_key,
-)
+from tasks.restock.replies import ACTIONS, Action
+from tasks.restock.scripts import StockScripts
 
 __all__ = ["main"]
 

@@ -76,8 +76,8 @@ def _status(args: argparse.Namespace, res: Resources) -> int:
     from sqlalchemy import inspect
 
     from tasks.ranges.status import partitions, render
+    from tasks.restock.clock import wall_ms
     from tasks.restock.nodes import stock_nodes
-    from tasks.restock.shop import wall_ms
     from tasks.restock.status import render_nodes, restock_nodes
     from tasks.status import render_letters
 

@@ -48,20 +48,11 @@ from lease import LeaseLost, NotAcquired
 from tasks.db import WRITE_INTENT, is_transient, utcnow
 from tasks.deadletter import DeadLetters
 from tasks.models import ORDER_ITEMS, ItemState
+from tasks.restock.keys import attempts_key, delay_key, drain_lease_name
 from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, RedoEntry, parse_entry
-from tasks.restock.stock import (
-    DEFAULT_CAPACITY,
-    DEFAULT_DELAY_MS,
-    SUCCESS,
-    LockNotHeld,
-    NodeMaintaining,
-    QueueFull,
-    RestockResult,
-    attempts_key,
-    delay_key,
-    drain_lease_name,
-)
+from tasks.restock.replies import SUCCESS, LockNotHeld, NodeMaintaining, QueueFull
+from tasks.restock.scripts import DEFAULT_CAPACITY, DEFAULT_DELAY_MS, RestockResult
 from tasks.validate import quote
 
 __all__ = ["DEAD_LETTER_KIND", "MAX_ATTEMPTS", "DrainOutcome", "DrainReport", "Drainer",

@@ -14,7 +14,7 @@ import redis
 
 from lease import Leases
 from tasks.resources import Resources
-from tasks.restock.stock import StockScripts
+from tasks.restock.scripts import StockScripts
 
 __all__ = ["StockNode", "connect_nodes", "stock_nodes"]
 

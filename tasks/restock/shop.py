@@ -15,21 +15,17 @@ after the payment finds the item paid. Every step can be repeated: a retried pla
 finds its items in the database and gets each deduction on record back from Redis.
 
 Time: an item's time is its deduction's, stamped by the stock node's clock inside deduct.lua;
-this module reads no clock for any decision (``wall_ms`` is for display only).
+this module reads no clock for any decision (``utcnow`` only stamps rows).
 
 Generation: each deduction passes the node's generation as the database knows it (the term
 of its last rebuild, the highest offset an item recorded); a node behind it refuses (STALE)
 until rebuilt, so a node restored from an older snapshot cannot sell the same stock twice.
 
-Routing: a SKU lives on one Redis node (crc32 of its id, modulo the nodes), so "never below
-zero" is one script on one node and a rebuild recomputes a SKU in one place. Within the node,
-the member id picks the delay queue (as the seed routes by member), spreading drain work.
+Routing: the `Router` (tasks.restock.routing) picks a SKU's node and a member's delay queue.
 """
 
 from __future__ import annotations
 
-import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,17 +37,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.db import WRITE_INTENT, utcnow
 from tasks.models import ORDER_ITEMS, ORDERS, PAYMENTS, RESTOCK_NODES, SKUS, ItemState
+from tasks.restock.keys import stock_key
 from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
-from tasks.restock.stock import (
-    Generation,
-    InsufficientStock,
-    NodeMaintaining,
-    NodeStale,
-    StockScripts,
-    UnknownSku,
-    queue_names,
-    stock_key,
-)
+from tasks.restock.replies import InsufficientStock, NodeMaintaining, NodeStale, UnknownSku
+from tasks.restock.routing import Router
+from tasks.restock.scripts import Generation, StockScripts
 from tasks.validate import quote
 
 __all__ = [
@@ -61,20 +51,12 @@ __all__ = [
     "OrderError",
     "OrderExpired",
     "OrderPending",
-    "Router",
     "Shop",
     "SkuView",
     "StockUnavailable",
     "UnknownOrder",
     "recorded_generation",
-    "wall_ms",
 ]
-
-
-def wall_ms() -> int:
-    """This process's wall clock in milliseconds, for display only: every due time, window
-    and expiry is read on the stock node's clock (``StockNode.now_ms``)."""
-    return time.time_ns() // 1_000_000
 
 
 def recorded_generation(session: Session, redis_id: int) -> Generation:
@@ -114,27 +96,6 @@ class OrderPending(RuntimeError):
 class StockUnavailable(RuntimeError):
     """A stock node cannot take the deduction now (unreachable, in maintenance, or restarted
     and not rebuilt yet); the item stays 'reserving' and a retry completes it."""
-
-
-@dataclass(frozen=True)
-class Router:
-    """Which Redis node holds a SKU, and which of the node's queues a member's items use."""
-
-    nodes: int
-    queues: int
-
-    def __post_init__(self) -> None:
-        if self.nodes < 1 or self.queues < 1:
-            raise ValueError("a router needs at least one node and one queue")
-
-    def node_for(self, sku_id: str) -> int:
-        return zlib.crc32(sku_id.encode()) % self.nodes
-
-    def queue_for(self, member_id: str) -> str:
-        return self.queue_names()[zlib.crc32(member_id.encode()) % self.queues]
-
-    def queue_names(self) -> list[str]:
-        return queue_names(self.queues)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.models import DEAD_LETTERS
 from tasks.restock.drain import DEAD_LETTER_KIND
-from tasks.restock.stock import (
+from tasks.restock.keys import (
     delay_key,
     maintaining_key,
     meta_key,

@@ -32,7 +32,8 @@ from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode, stock_nodes
 from tasks.restock.redolog import MAX_SKU_NUM
-from tasks.restock.shop import OrderPending, Router, Shop, StockUnavailable
+from tasks.restock.routing import Router
+from tasks.restock.shop import OrderPending, Shop, StockUnavailable
 from tasks.retry import RetryPolicy
 from tasks.validate import InvalidArguments, int_arg, quote, text_arg
 
@@ -49,7 +50,7 @@ NODE_WAIT = RetryPolicy(max_retries=8, initial_interval=0.5, max_interval=10.0,
 
 
 def router() -> Router:
-    return Router(nodes=len(settings.restock_nodes), queues=settings.restock_queues)
+    return Router(nodes=len(settings.restock_nodes), queues=settings.restock_queue_names)
 
 
 def _shop() -> Shop:
@@ -63,7 +64,7 @@ def _node(node: Any) -> StockNode:
 
 
 def _queue(queue: Any) -> str:
-    names = router().queue_names()
+    names = list(settings.restock_queue_names)
     text_arg("queue", queue, max_len=64)
     if queue not in names:
         raise InvalidArguments(f"queue must be one of {names}, got {quote(queue)}")
@@ -153,7 +154,7 @@ def rebuild(node: int, force: bool = False) -> dict[str, Any]:
     if not isinstance(force, bool):
         raise InvalidArguments(f"force must be true or false, got {quote(force)}")
     res = resources_for(settings)
-    rebuilder = Rebuilder(res.sessions, found, router().queue_names(),
+    rebuilder = Rebuilder(res.sessions, found, settings.restock_queue_names,
                           every_ms=int(settings.maintenance_every * 1000),
                           lease_ttl=settings.lease_ttl, max_attempts=settings.redelivery_cap)
     return rebuilder.rebuild(force=force).as_dict()

@@ -13,10 +13,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.models import ORDER_ITEMS, SKUS, ItemState
 from tasks.restock.drain import Drainer
+from tasks.restock.keys import deducted_key, stock_key
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode
-from tasks.restock.shop import Router, Shop
-from tasks.restock.stock import deducted_key, stock_key
+from tasks.restock.routing import Router
+from tasks.restock.shop import Shop
+from tasks.settings import Settings
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
 
@@ -52,7 +54,9 @@ class World:
     rebuilders: list[Rebuilder] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.router = Router(nodes=len(self.servers), queues=QUEUES)
+        # The queue names by the platform's one rule (Settings.restock_queue_names).
+        queues = Settings(restock_queues=QUEUES).restock_queue_names
+        self.router = Router(nodes=len(self.servers), queues=queues)
         self.connect()
 
     def connect(self) -> None:
@@ -67,7 +71,7 @@ class World:
         self.drainers = [Drainer(self.sessions, n, batch=7, delay_ms=DELAY_MS,
                                  capacity=self.capacity, lease_ttl=2.0)
                          for n in self.nodes]
-        self.rebuilders = [Rebuilder(self.sessions, n, self.router.queue_names(),
+        self.rebuilders = [Rebuilder(self.sessions, n, self.router.queues,
                                      every_ms=3_600_000, lease_ttl=2.0, chunk=5)
                            for n in self.nodes]
 
@@ -79,7 +83,7 @@ class World:
     def settle(self) -> None:
         """Sync and drain every queue of every node once."""
         for drainer in self.drainers:
-            for queue in self.router.queue_names():
+            for queue in self.router.queues:
                 drainer.sync(queue)
                 drainer.drain(queue)
 

@@ -14,21 +14,7 @@ from tasks.deadletter import DeadLetters
 from tasks.models import ItemState
 from tasks.resources import make_engine
 from tasks.restock.drain import DEAD_LETTER_KIND, MAX_ATTEMPTS, Drainer, DrainOutcome
-from tasks.restock.maintenance import RebuildOutcome
-from tasks.restock.redolog import parse_entry
-from tasks.restock.shop import (
-    DuplicateOrderItem,
-    InvalidOrder,
-    OrderExpired,
-    StockUnavailable,
-    UnknownOrder,
-)
-from tasks.restock.stock import (
-    HAS_BEEN_CONSUMED,
-    PAID,
-    SUCCESS,
-    WRONG_TERM,
-    UnknownSku,
+from tasks.restock.keys import (
     delay_key,
     drain_lease_name,
     maintenance_lease_name,
@@ -36,6 +22,16 @@ from tasks.restock.stock import (
     redo_key,
     stock_key,
     term_key,
+)
+from tasks.restock.maintenance import RebuildOutcome
+from tasks.restock.redolog import parse_entry
+from tasks.restock.replies import HAS_BEEN_CONSUMED, PAID, SUCCESS, WRONG_TERM, UnknownSku
+from tasks.restock.shop import (
+    DuplicateOrderItem,
+    InvalidOrder,
+    OrderExpired,
+    StockUnavailable,
+    UnknownOrder,
 )
 from tests.restock.conftest import DELAY_MS, World
 
@@ -69,7 +65,7 @@ def test_unpaid_items_come_back_after_the_delay_and_paid_ones_stay_sold(shop: Wo
     assert states(shop, "o-2") == {"i-3": ItemState.PAID}
     shop.check_conserved()
     for node in shop.nodes:
-        for queue in shop.router.queue_names():
+        for queue in shop.router.queues:
             assert node.client.zcard(delay_key(node.redis_id, queue)) == 0
     view = shop.shop.inspect("sku-a")
     assert (view.total, view.redis_stock, view.by_state) == (
@@ -264,7 +260,7 @@ def test_rebuild_recounts_from_the_database_and_bumps_the_term(shop: World) -> N
     assert shop.rebuilders[0].rebuild().outcome == RebuildOutcome.NOT_DUE
     shop.clock.advance(DELAY_MS + 100)
     statuses = []
-    for queue in shop.router.queue_names():
+    for queue in shop.router.queues:
         shop.drainers[0].sync(queue)
         statuses.append(shop.drainers[0].drain(queue).statuses)
     merged = statuses[0] + statuses[1]

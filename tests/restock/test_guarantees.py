@@ -16,10 +16,7 @@ import redis
 from tasks.deadletter import DeadLetters
 from tasks.models import ItemState
 from tasks.restock.drain import DEAD_LETTER_KIND, Drainer
-from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND, Rebuilder, RebuildOutcome
-from tasks.restock.nodes import StockNode
-from tasks.restock.shop import Shop, StockUnavailable
-from tasks.restock.stock import (
+from tasks.restock.keys import (
     attempts_key,
     deducted_key,
     delay_key,
@@ -28,6 +25,9 @@ from tasks.restock.stock import (
     offsets_key,
     redo_key,
 )
+from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND, Rebuilder, RebuildOutcome
+from tasks.restock.nodes import StockNode
+from tasks.restock.shop import Shop, StockUnavailable
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.workers import ROOT, platform_env
 
@@ -173,7 +173,7 @@ def test_a_rebuild_that_reads_longer_than_its_lease_ttl_completes(world: World) 
         time.sleep(0.25)
 
     for node in world.nodes:
-        rebuilder = Rebuilder(world.sessions, node, world.router.queue_names(),
+        rebuilder = Rebuilder(world.sessions, node, world.router.queues,
                               lease_ttl=1.0, chunk=2, on_read=slow_reader)
         report = rebuilder.rebuild(force=True)
         assert report.outcome == RebuildOutcome.REBUILT, report
@@ -207,7 +207,7 @@ def footprint(world: World) -> dict[str, int]:
         n, c = node.redis_id, node.client
         sizes[f"keys:{n}"] = int(c.dbsize())
         sizes[f"deducted:{n}"] = int(c.hlen(deducted_key(n)))
-        for q in world.router.queue_names():
+        for q in world.router.queues:
             sizes[f"delay:{n}:{q}"] = int(c.zcard(delay_key(n, q)))
             sizes[f"attempts:{n}:{q}"] = int(c.hlen(attempts_key(n, q)))
             sizes[f"redo:{n}:{q}"] = int(c.xlen(redo_key(n, q)))

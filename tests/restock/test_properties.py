@@ -32,13 +32,8 @@ from tasks.models import (
     SKUS,
     ItemState,
 )
+from tasks.restock.keys import delay_key, maintenance_lease_name, redo_cursor_key, redo_key
 from tasks.restock.shop import OrderError, OrderExpired, OrderPending, StockUnavailable
-from tasks.restock.stock import (
-    delay_key,
-    maintenance_lease_name,
-    redo_cursor_key,
-    redo_key,
-)
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
@@ -127,7 +122,7 @@ class Workload:
         """Entries delivered again: the sync restarts from the start of what the log still
         holds, and every entry already consumed (or released) is queued again, due now."""
         client = self.w.nodes[node].client
-        for queue in self.w.router.queue_names():
+        for queue in self.w.router.queues:
             client.delete(redo_cursor_key(node, queue))
             self.w.drainers[node].sync(queue)
         with self.w.sessions() as session:
@@ -160,7 +155,7 @@ class Workload:
 
         drainer.before_restock = die
         try:
-            for queue in self.w.router.queue_names():
+            for queue in self.w.router.queues:
                 drainer.sync(queue)
                 try:
                     drainer.drain(queue)
@@ -215,7 +210,7 @@ def test_random_workloads_keep_every_invariant(
         for sku, total in SKUS_TOTAL.items():
             assert world.stock(sku) == total - world.qty(sku, ItemState.PAID)
         for node in world.nodes:
-            for queue in world.router.queue_names():
+            for queue in world.router.queues:
                 n = node.redis_id
                 assert node.client.zcard(delay_key(n, queue)) == 0
                 assert world.drainers[n].sync(queue).moved == 0

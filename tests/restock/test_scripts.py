@@ -10,26 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, format_entry, parse_entry
-from tasks.restock.stock import (
-    ACTIONS,
-    DEFAULT_DELAY_MS,
-    HAS_BEEN_CONSUMED,
-    PAID,
-    STALE,
-    SUCCESS,
-    WRONG_TERM,
-    Action,
-    BadQuantity,
-    Generation,
-    InsufficientStock,
-    LockNotHeld,
-    NodeMaintaining,
-    NodeStale,
-    QueueFull,
-    Reissue,
-    StockScripts,
-    UnknownSku,
+from tasks.restock.keys import (
     attempts_key,
     deduct_keys,
     deducted_key,
@@ -43,6 +24,24 @@ from tasks.restock.stock import (
     stock_key,
     term_key,
 )
+from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, format_entry, parse_entry
+from tasks.restock.replies import (
+    ACTIONS,
+    HAS_BEEN_CONSUMED,
+    PAID,
+    STALE,
+    SUCCESS,
+    WRONG_TERM,
+    Action,
+    BadQuantity,
+    InsufficientStock,
+    LockNotHeld,
+    NodeMaintaining,
+    NodeStale,
+    QueueFull,
+    UnknownSku,
+)
+from tasks.restock.scripts import DEFAULT_DELAY_MS, Generation, Reissue, StockScripts
 from tests.restock.conftest import FakeClockMs
 from tests.support.redis_server import RedisServer
 

@@ -1,8 +1,8 @@
 -- Rewrite a node's stock from the database during its maintenance window (seed 002).
 --
--- tasks.maintenance calls it in chunks while it holds the node's maintenance lease; every
--- other stock script refuses while that lease exists, so the chunks need no atomicity between
--- them. Each chunk checks the lease token first.
+-- tasks.restock.maintenance calls it in chunks while it holds the node's maintenance lease;
+-- every other stock script refuses while that lease exists, so the chunks need no atomicity
+-- between them. Each chunk checks the lease token first.
 --
 -- KEYS[1]  lease:{node:N}:maintenance   the rebuilder's lease token
 -- KEYS[2]  stock:{node:N}               hash sku_id -> available quantity

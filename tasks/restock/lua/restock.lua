@@ -7,9 +7,9 @@
 -- KEYS[5]  stock:{node:N}             hash sku_id -> available quantity
 -- KEYS[6]  deducted:{node:N}          hash order_item_id -> entry text (deduction on record)
 -- KEYS[7]  delay:{node:N}:QUEUE       sorted set of pending entries
--- KEYS[8]  drain-attempts:{node:N}:QUEUE  hash member -> drain attempts (tasks.drain)
+-- KEYS[8]  drain-attempts:{node:N}:QUEUE  hash member -> drain attempts (tasks.restock.drain)
 -- ARGV[1]  token   the caller's drain-lock token
--- ARGV[2 + 7k .. 8 + 7k], for each entry k, as parsed by tasks.redolog.parse_entry:
+-- ARGV[2 + 7k .. 8 + 7k], for each entry k, as parsed by tasks.restock.redolog.parse_entry:
 --          entry text, order_item_id, sku_id, sku_num, offset, term, paid ('1' or '0', from
 --          the database)
 -- The caller passes entries in offset order.
