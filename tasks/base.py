@@ -14,11 +14,12 @@ What it adds to a plain Celery task, and what each costs on the hot path:
   delivery (the common case) does no I/O at all.
 - **Soft time limit**: the task's rollback runs (and its journal lease is released) before
   Celery records the failure; `SoftTimeLimitExceeded` is re-raised, never swallowed.
-- **Rollback journals** (`tasks.rollback`): only a PlatformTask may record checkpoints. When
-  it returns, its journal is settled before Celery stores the result: if the journal was
-  taken over meanwhile (its lease lost, the sweeper undoing its steps), the task fails with
-  `JournalLost` instead of succeeding. `JournalLost` is never retried. No I/O for a task that
-  recorded nothing.
+- **Hooks** (`TaskHooks`): a wing that keeps state per execution installs hooks when it is
+  imported; the core names no wing. The rollback wing's: only a PlatformTask may record
+  checkpoints; when it returns, its journal is settled before Celery stores the result, and
+  if the journal was taken over meanwhile (its lease lost, the sweeper undoing its steps), the
+  task fails with `JournalLost` instead of succeeding. `JournalLost` is never retried. No I/O
+  for a task that recorded nothing, none at all in a process that installed no hooks.
 - **Schedule-to-start limit**: `schedule_to_start` seconds become the message's `expires`, so
   a task that waited too long in the queue is revoked (state REVOKED, reason "expired")
   instead of started.
@@ -27,7 +28,8 @@ What it adds to a plain Celery task, and what each costs on the hot path:
 from __future__ import annotations
 
 import logging
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from celery import Task
@@ -36,7 +38,7 @@ from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from tasks.keys import deliveries_key
 from tasks.retry import RetryPolicy, decide
 
-__all__ = ["PlatformTask", "DEAD_LETTERED", "deliveries_key"]
+__all__ = ["PlatformTask", "DEAD_LETTERED", "TaskHooks", "deliveries_key", "install_hooks"]
 
 log = logging.getLogger("tasks")
 
@@ -48,9 +50,34 @@ DEAD_LETTERED = "DEAD_LETTERED"
 # than that). Owner: PlatformTask.__call__.
 
 
-def _journal_lost(exc: BaseException) -> bool:
-    rollback = sys.modules.get("tasks.rollback")
-    return rollback is not None and isinstance(exc, rollback.JournalLost)
+@dataclass(frozen=True)
+class TaskHooks:
+    """What a wing adds to every PlatformTask run, installed with `install_hooks` when the
+    wing is imported (the rollback wing installs its journal's). Each runs in the task's
+    process, in the order installed."""
+
+    # The task returned normally, before Celery stores its result: raise to fail it instead
+    # (a task whose journal was taken over is never SUCCESS).
+    settle: Callable[[Task], None]
+    # (task_id, reason): the soft time limit hit; undo now, before Celery records the failure
+    # (what it returns is ignored).
+    roll_back_now: Callable[[str, str], object]
+    # Exceptions no retry policy may retry: the execution lost what it ran under.
+    never_retried: tuple[type[BaseException], ...] = ()
+
+
+_hooks: list[TaskHooks] = []
+
+
+def install_hooks(hooks: TaskHooks) -> None:
+    """Run `hooks` in every PlatformTask of this process from now on (once, however often it
+    is installed)."""
+    if hooks not in _hooks:
+        _hooks.append(hooks)
+
+
+def _never_retried(exc: BaseException) -> bool:
+    return any(isinstance(exc, hooks.never_retried) for hooks in _hooks)
 
 
 class PlatformTask(Task):  # type: ignore[misc]
@@ -77,13 +104,11 @@ class PlatformTask(Task):  # type: ignore[misc]
         except Exception as exc:
             policy = self.retry_policy
             countdown = decide(policy, exc, request.retries) if policy is not None else None
-            if countdown is None or _journal_lost(exc):
+            if countdown is None or _never_retried(exc):
                 raise
             raise self.retry(exc=exc, countdown=countdown) from exc
-        # A process that never imported tasks.rollback recorded no journal.
-        rollback = sys.modules.get("tasks.rollback")
-        if rollback is not None:
-            rollback.settle(self)  # raises JournalLost: the task fails, never SUCCESS
+        for hooks in _hooks:
+            hooks.settle(self)  # raises JournalLost: the task fails, never SUCCESS
         return result
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
@@ -118,6 +143,5 @@ class PlatformTask(Task):  # type: ignore[misc]
     def _roll_back_now(task_id: str | None, reason: str) -> None:
         if not task_id:
             return
-        from tasks import rollback
-
-        rollback.rollback_now(task_id, reason)
+        for hooks in _hooks:
+            hooks.roll_back_now(task_id, reason)

@@ -19,6 +19,7 @@ from lease.keys import lease_key
 from tasks.app import app
 from tasks.base import PlatformTask
 from tasks.deadletter import DeadLetters
+from tasks.keys import journal_lease_name
 from tasks.rollback import (
     JOURNAL,
     Journal,
@@ -28,7 +29,6 @@ from tasks.rollback import (
     checkpoint,
     checkpoint_recorded,
     compensation,
-    journal_lease_name,
     rollback_finished,
     rollback_started,
     rollback_step_failed,

@@ -22,6 +22,7 @@ from lease import Leases
 from lease.keys import fence_key, lease_key
 from tasks.app import app
 from tasks.base import PlatformTask
+from tasks.keys import journal_lease_name
 from tasks.rollback import (
     JOURNAL,
     OWNERS,
@@ -30,11 +31,11 @@ from tasks.rollback import (
     NotInTask,
     checkpoint,
     compensation,
-    journal_lease_name,
     set_journal,
     step,
     sweep,
 )
+from tasks.rollback.sweeper import Sweeper
 from tests.rollback.conftest import FAST
 
 pytestmark = pytest.mark.timeout(60)
@@ -189,9 +190,10 @@ def test_retention_prunes_finished_journals_and_nothing_open(any_journal: Journa
     assert isinstance(failed.result, RuntimeError) and undone == ["reserve"]
     assert owner_state(any_journal, failed.id) == "rolled_back"
     any_journal.record("t-open", "tests.manual", 0, "reserve", "test.aware", {"step": "x"})
-    assert any_journal.prune(3600.0) == (0, 0)  # younger than the retention
+    sweeper = Sweeper(any_journal.sessions)
+    assert sweeper.prune(3600.0) == (0, 0)  # younger than the retention
     time.sleep(1.2)
-    assert any_journal.prune(1.0) == (1, 1)
+    assert sweeper.prune(1.0) == (1, 1)
     assert rows(any_journal, failed.id) == [] and owner_state(any_journal, failed.id) is None
     # An open journal is never pruned, however old.
     assert rows(any_journal, "t-open") == [("reserve", "recorded")]

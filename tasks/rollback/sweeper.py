@@ -1,0 +1,137 @@
+"""The sweeper: finds the journals whose owner is gone, fences the owner out, rolls them back.
+
+It catches what no signal can: a hard time limit, a SIGKILLed pool process or worker, a pause
+past the lease TTL, Redis losing the lease. A journal's owner may be gone when its journal
+lease is (and, for a journal handed over to a retry, its handover marker too); the takeover is
+a compare-and-set on its owners row, so an owner that is in fact alive is fenced out in the
+database and can neither add a step nor succeed. Retention: compensated and dead rows, and
+closed owners rows, are deleted JOURNAL_RETENTION seconds after their last change.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from lease.keys import lease_key
+from tasks.db import affected, utcnow
+from tasks.keys import handover_key, journal_lease_name
+from tasks.retry import RetryPolicy
+from tasks.rollback.runner import COMPENSATION_POLICY, RollbackRunner
+from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
+
+__all__ = ["Candidate", "Sweeper", "sweep"]
+
+log = logging.getLogger("tasks.rollback")
+
+
+@dataclass
+class Candidate:
+    """A journal the sweeper may have to roll back."""
+
+    task_id: str
+    owner: str | None  # None: no open owners row (closed, or a journal from before 0007)
+    state: str | None
+    upto: int = 0  # the newest row id when looked at (for closed journals)
+
+
+class Sweeper:
+    """Rolls back the journals on one database whose owner is gone (needs no Leases: it only
+    looks whether a lease key exists)."""
+
+    def __init__(self, sessions: sessionmaker[Session],
+                 policy: RetryPolicy = COMPENSATION_POLICY) -> None:
+        self.sessions = sessions
+        self.runner = RollbackRunner(sessions, policy)
+
+    def candidates(self) -> list[Candidate]:
+        """Every open journal, and every closed one that still has pending rows."""
+        with self.sessions() as session:
+            owned = session.execute(
+                select(OWNERS.c.task_id, OWNERS.c.owner, OWNERS.c.state)
+                .where(OWNERS.c.state.in_(OwnerState.OPEN))).all()
+            pending = session.execute(
+                select(JOURNAL.c.task_id, func.max(JOURNAL.c.id))
+                .where(JOURNAL.c.state.in_(JournalState.PENDING))
+                .group_by(JOURNAL.c.task_id)).all()
+        found = {t: Candidate(t, owner, state) for t, owner, state in owned}
+        for task_id, upto in pending:
+            found.setdefault(task_id, Candidate(task_id, None, None, int(upto)))
+        return list(found.values())
+
+    def orphans(self, redis_client: Any) -> list[Candidate]:
+        """The journals whose owner may be gone: no journal lease, and for a handed-over one
+        no handover marker either. Their snapshot is taken before Redis is asked, so rows a
+        new owner writes after acquiring the lease are never among them."""
+        found = self.candidates()
+        if not found:
+            return []
+        pipe = redis_client.pipeline(transaction=False)
+        for c in found:
+            pipe.exists(lease_key(journal_lease_name(c.task_id)))
+            pipe.exists(handover_key(c.task_id))
+        alive = pipe.execute()
+        return [c for i, c in enumerate(found)
+                if not alive[2 * i]
+                and not (c.state == OwnerState.HANDED_OVER and alive[2 * i + 1])]
+
+    def take_over(self, c: Candidate) -> int | None:
+        """Fence out the owner of an orphaned open journal; return the newest row id it wrote
+        (the rows to roll back), or None if it changed hands meanwhile."""
+        with self.sessions.begin() as session:
+            if affected(session.execute(update(OWNERS).where(
+                OWNERS.c.task_id == c.task_id, OWNERS.c.owner == c.owner,
+                OWNERS.c.state == c.state,
+            ).values(state=OwnerState.TAKEN_OVER, updated_at=utcnow()))) != 1:
+                return None
+            # In the same transaction: the old owner can add no row after this, and a new
+            # one cannot take the row before we commit, so these are exactly the old rows.
+            upto = session.execute(select(func.max(JOURNAL.c.id))
+                                   .where(JOURNAL.c.task_id == c.task_id)).scalar()
+        log.warning("took over the journal of %s from its lost owner (%s)", c.task_id, c.state)
+        return int(upto or 0)
+
+    def sweep(self, redis_client: Any) -> int:
+        """Roll back every journal whose owner is gone; return how many rollbacks ran a step."""
+        rolled = 0
+        for c in self.orphans(redis_client):
+            upto = self.take_over(c) if c.state in OwnerState.OPEN else c.upto
+            if not upto:
+                continue
+            report = self.runner.rollback(c.task_id, "sweeper: the journal's owner is gone",
+                                          upto_id=upto)
+            rolled += bool(report.steps)
+        return rolled
+
+    def prune(self, retention: float) -> tuple[int, int]:
+        """Delete finished rows and closed owners rows older than `retention` seconds;
+        return (rows, owners) deleted. Rows stuck 'compensating' stay for an operator."""
+        cutoff = utcnow() - timedelta(seconds=retention)
+        left = select(JOURNAL.c.id).where(JOURNAL.c.task_id == OWNERS.c.task_id).exists()
+        with self.sessions.begin() as session:
+            rows = affected(session.execute(delete(JOURNAL).where(
+                JOURNAL.c.state.in_(JournalState.FINISHED), JOURNAL.c.updated_at < cutoff)))
+            owners = affected(session.execute(delete(OWNERS).where(
+                OWNERS.c.state.in_(OwnerState.CLOSED), OWNERS.c.updated_at < cutoff, ~left)))
+        if rows or owners:
+            log.info("journal retention: deleted %d rows and %d owners", rows, owners)
+        return rows, owners
+
+
+def sweep(sessions: sessionmaker[Session], redis_client: Any,
+          policy: RetryPolicy = COMPENSATION_POLICY, retention: float | None = None) -> int:
+    """Roll back every journal whose owner is gone; return how many rollbacks ran a step.
+
+    Catches what no signal can: a hard time limit, a SIGKILLed pool process or worker, a pause
+    past the lease TTL. With `retention`, also deletes what is older than that (seconds).
+    """
+    sweeper = Sweeper(sessions, policy)
+    rolled = sweeper.sweep(redis_client)
+    if retention is not None:
+        sweeper.prune(retention)
+    return rolled
