@@ -10,6 +10,7 @@
 
 from lease.errors import LeaseError, LeaseLost, NotAcquired, NotHeld
 from lease.keeper import Keeper
-from lease.lease import Lease, Leases
+from lease.lease import Lease
+from lease.leases import Leases
 
 __all__ = ["Keeper", "Lease", "LeaseError", "LeaseLost", "Leases", "NotAcquired", "NotHeld"]

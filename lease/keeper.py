@@ -1,4 +1,5 @@
-"""The per-process renewer: one Keeper renews every lease it tracks, in one round trip per tick."""
+"""The per-process renewer: one Keeper renews every lease it tracks, in one round trip per tick.
+It owns the renewal state of each (a `lease.state.LeaseState`): a Lease only reads it."""
 
 from __future__ import annotations
 
@@ -9,34 +10,25 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from lease.scripts import TOKEN_CHARS, LeaseScripts
+from lease.state import RENEW_FRACTION, RIPE_FRACTION, LeaseState
 from lease.stats import LeaseStats, Stats
 
-if TYPE_CHECKING:
-    from lease.lease import Lease
-
-__all__ = ["RENEW_FRACTION", "RETRY_DELAY", "RIPE_FRACTION", "Keeper"]
+__all__ = ["RETRY_DELAY", "Keeper"]
 
 log = logging.getLogger("lease")
 
-# A lease is due for renewal a third of its TTL after its last confirmed renewal, which leaves
-# two more chances before its safe-until.
-RENEW_FRACTION = 1 / 3
-# A tick also renews every lease at least this far along, so leases acquired at different
-# moments fall into the same round trip instead of each waking the renewer.
-RIPE_FRACTION = 1 / 6
 # After a Redis error, the renewer tries again this many seconds later (until safe-until).
 RETRY_DELAY = 0.05
 
 
-# One lease in a renewal round trip: (lease, the TTL asked of Redis in seconds, the lease's
+# One lease in a renewal round trip: (its state, the TTL asked of Redis in seconds, its
 # heartbeat count when the round trip started). A plain tuple: a tick builds a thousand.
-_Renewal = tuple["Lease", float, int]
-
+_Renewal = tuple[LeaseState, float, int]
 
 # Every live Keeper, so a forked child can reset them all (see _reset_keepers_in_child).
 _KEEPERS: weakref.WeakSet[Keeper] = weakref.WeakSet()
@@ -78,10 +70,7 @@ class Keeper:
     """
 
     def __init__(
-        self,
-        client: Any,
-        clock: Callable[[], float] = time.monotonic,
-        threads: bool = True,
+        self, client: Any, clock: Callable[[], float] = time.monotonic, threads: bool = True
     ) -> None:
         self.client = client
         self.clock = clock
@@ -91,9 +80,10 @@ class Keeper:
         _KEEPERS.add(self)
 
     def _reset(self) -> None:
-        """Create all mutable state: at construction, and again in a forked child."""
+        """Create all mutable state: at construction, and again in a forked child, where the
+        parent's threads do not exist and its locks may be held forever."""
         self._lock = threading.Lock()
-        self._held: dict[Lease, None] = {}  # insertion-ordered set
+        self._held: dict[LeaseState, None] = {}  # insertion-ordered set
         self._renew_wake = threading.Event()
         self._watch_wake = threading.Event()
         self._renew_next = math.inf  # when the renewer plans to wake
@@ -106,10 +96,10 @@ class Keeper:
 
     # -- public -------------------------------------------------------------------------------
 
-    def held(self) -> list[Lease]:
-        """The leases this keeper tracks (held, not released, not lost), oldest first."""
+    def held(self) -> list[Any]:
+        """The Leases this keeper tracks (held, not released, not lost), oldest first."""
         with self._lock:
-            return list(self._held)
+            return [state.holder for state in self._held]
 
     def stats(self) -> LeaseStats:
         """Counters, renewal round-trip times and margin (see lease.stats.LeaseStats)."""
@@ -157,19 +147,20 @@ class Keeper:
 
     # -- called by Leases and Lease -------------------------------------------------------
 
-    def track(self, lease: Lease) -> None:
-        """Start watching (and, if ``lease.renews``, renewing) a freshly acquired lease, and
-        count it as acquired."""
-        due = lease._renewed_at + lease.ttl * RENEW_FRACTION
+    def track(self, state: LeaseState, holder: Any) -> None:
+        """Start watching (and, if ``state.renews``, renewing) a freshly acquired lease, held
+        by `holder` (handed to its on-lost callbacks), and count it as acquired."""
+        state.holder = holder
+        due = state.renewed_at + state.ttl * RENEW_FRACTION
         with self._lock:
-            self._held[lease] = None
+            self._held[state] = None
             self.counters.incr_locked("acquired")
-            wake_renewer = lease.renews and due < self._renew_next
-            wake_watchdog = lease._safe_until < self._watch_next
+            wake_renewer = state.renews and due < self._renew_next
+            wake_watchdog = state.safe_until < self._watch_next
             if wake_renewer:
                 self._renew_next = due
             if wake_watchdog:
-                self._watch_next = lease._safe_until
+                self._watch_next = state.safe_until
             if self.threads and not self._workers:
                 self._start_locked()
         if wake_renewer:
@@ -177,42 +168,62 @@ class Keeper:
         if wake_watchdog:
             self._watch_wake.set()
 
-    def forget(self, lease: Lease) -> None:
-        """Stop renewing and watching `lease` at once (it is being released)."""
-        with self._lock:
-            self._held.pop(lease, None)
+    def heartbeat(self, state: LeaseState) -> None:
+        """Count one unit of progress (no I/O, no lock); wake the renewer if it was waiting
+        for this heartbeat to renew the lease (see LeaseState.due_at for the race)."""
+        state.beats += 1
+        if state.awaiting_beat:
+            state.awaiting_beat = False
+            self._renew_wake.set()
 
-    def begin_release(self, lease: Lease) -> bool:
-        """Mark `lease` released and forget it, in one critical section; False (and nothing
-        changed) if it already was released."""
+    def lost_event(self, state: LeaseState) -> threading.Event:
+        """The Event set once the lease is lost (created on first use, already set if lost)."""
         with self._lock:
-            if lease._released:
+            if state.lost_event is None:
+                state.lost_event = threading.Event()
+                if state.lost_reason is not None:
+                    state.lost_event.set()
+            return state.lost_event
+
+    def on_lost(self, state: LeaseState, callback: Callable[[Any], object]) -> None:
+        """Call ``callback(holder)`` when the lease is lost, or at once if it already is."""
+        with self._lock:
+            if state.lost_reason is None:
+                if state.callbacks is None:
+                    state.callbacks = []
+                state.callbacks.append(callback)
+                return
+        state.run_callback(callback)
+
+    def begin_release(self, state: LeaseState) -> bool:
+        """Mark the lease released and stop renewing and watching it, in one critical section;
+        False (and nothing changed) if it already was released."""
+        with self._lock:
+            if state.released:
                 return False
-            lease._released = True
-            self._held.pop(lease, None)
+            state.released = True
+            self._held.pop(state, None)
             return True
 
-    def poke(self) -> None:
-        """Wake the renewer: a lease that was due without progress just heartbeat."""
-        self._renew_wake.set()
-
-    def lose(self, lease: Lease, reason: str) -> None:
-        """Mark `lease` lost (if it is not already) and tell its holder."""
+    def lose(self, state: LeaseState, reason: str) -> None:
+        """Mark the lease lost (if it is not already) and tell its holder."""
         with self._lock:
-            lost = [lease] if self._lose(lease, reason) else []
+            lost = [state] if self._lose(state, reason) else []
         self._announce(lost)
 
-    def confirm(self, lease: Lease, ttl: float, beats: int, start: float, renewed: bool) -> None:
+    def confirm(
+        self, state: LeaseState, ttl: float, beats: int, start: float, renewed: bool
+    ) -> None:
         """Apply the answer of a direct ``Lease.renew()`` round trip that started at `start`."""
         end = self.clock()
-        lost: list[Lease] = []
+        lost: list[LeaseState] = []
         with self._lock:
-            left = lease._safe_until - end
-            if renewed and left > 0 and lease in self._held:  # the usual answer: _settle's
-                lease._confirm(start, ttl, beats)
+            left = state.safe_until - end
+            if renewed and left > 0 and state in self._held:  # the usual answer: _settle's
+                state.confirm(start, ttl, beats)
                 self.counters.renewal_locked(end - start, 1, 0, left)
                 return
-            margin = self._settle((lease, ttl, beats), renewed, start, end, lost)
+            margin = self._settle((state, ttl, beats), renewed, start, end, lost)
             ok = margin is not None
             self.counters.renewal_locked(end - start, int(ok), int(not ok), margin)
         if lost:
@@ -223,29 +234,29 @@ class Keeper:
     def _plan(self, now: float) -> list[_Renewal]:
         """The leases to renew in this round (lock held)."""
         batch = []
-        for lease in self._held:
+        for state in self._held:
             if (
-                lease.renews
-                and (not lease.progress or lease._beats != lease._beats_seen)
-                and now - lease._renewed_at >= lease.ttl * RIPE_FRACTION
+                state.renews
+                and (not state.progress or state.beats != state.beats_seen)
+                and now - state.renewed_at >= state.ttl * RIPE_FRACTION
             ):
-                ttl = lease._renewal_ttl(now)
+                ttl = state.renewal_ttl(now)
                 if ttl is not None:
-                    batch.append((lease, ttl, lease._beats))
+                    batch.append((state, ttl, state.beats))
         return batch
 
     def _do_renew_many(self, batch: list[_Renewal]) -> set[int]:
         """One round trip renewing `batch`; returns the positions Redis refused."""
-        keys = [lease._key for lease, _, _ in batch]
-        tokens = "".join([lease.token for lease, _, _ in batch])
-        ttls = ",".join([str(max(1, round(ttl * 1000))) for _, ttl, _ in batch])
+        keys = [state.key for state, _, _ in batch]
+        tokens = "".join([state.token for state, _, _ in batch])
+        ttls = ",".join([str(max(1, round(ttl * 1000))) for _, ttl, _ in batch])  # ms(), inlined
         refused = self._scripts.run(self._scripts.renew_many, keys, [TOKEN_CHARS, tokens, ttls])
         return {int(i) - 1 for i in refused}
 
     def _apply(self, batch: list[_Renewal], refused: set[int], start: float) -> int:
         """Record Redis's answers for a tick's round trip that started at `start`."""
         end = self.clock()
-        lost: list[Lease] = []
+        lost: list[LeaseState] = []
         renewed = 0
         least = math.inf
         with self._lock:
@@ -263,17 +274,17 @@ class Keeper:
         return renewed
 
     def _settle(
-        self, item: _Renewal, ok: bool, start: float, end: float, lost: list[Lease]
+        self, item: _Renewal, ok: bool, start: float, end: float, lost: list[LeaseState]
     ) -> float | None:
         """Apply Redis's answer `ok` for one lease (lock held). Return the margin it had left
         before its safe-until if the renewal counts; else append it to `lost` if it was still
         held, and return None."""
-        lease, ttl, beats = item
-        if lease not in self._held:  # released or lost while the round trip ran
+        state, ttl, beats = item
+        if state not in self._held:  # released or lost while the round trip ran
             return None
-        margin = lease._safe_until - end
+        margin = state.safe_until - end
         if ok and margin > 0:
-            lease._confirm(start, ttl, beats)
+            state.confirm(start, ttl, beats)
             return margin
         if not ok:
             reason = "renewal refused: the token no longer matches"
@@ -281,8 +292,8 @@ class Keeper:
             # Redis extended it, but the holder may already have seen check() fail: lost is
             # final, so do not resurrect it.
             reason = "safe-until passed before the renewal was confirmed"
-        if self._lose(lease, reason):
-            lost.append(lease)
+        if self._lose(state, reason):
+            lost.append(state)
         return None
 
     def _round_failed(self, batch: list[_Renewal], exc: BaseException) -> None:
@@ -301,32 +312,28 @@ class Keeper:
 
     # -- loss -------------------------------------------------------------------------------
 
-    def _expire(self, now: float) -> list[Lease]:
+    def _expire(self, now: float) -> list[LeaseState]:
         """Mark lost every lease whose safe-until has passed (lock held); return them."""
         return [
-            lease
-            for lease in list(self._held)
-            if now >= lease._safe_until
-            and self._lose(lease, "safe-until passed without a confirmed renewal")
+            state
+            for state in list(self._held)
+            if now >= state.safe_until
+            and self._lose(state, "safe-until passed without a confirmed renewal")
         ]
 
-    def _lose(self, lease: Lease, reason: str) -> bool:
-        """Make `lease` lost (lock held); False if it already was."""
-        if lease._lost_reason is not None:
+    def _lose(self, state: LeaseState, reason: str) -> bool:
+        """Make the lease lost (lock held); False if it already was."""
+        if state.lost_reason is not None:
             return False
-        lease._lost_reason = reason
-        self._held.pop(lease, None)
+        state.lost_reason = reason
+        self._held.pop(state, None)
         return True
 
-    def _announce(self, lost: list[Lease]) -> None:
+    def _announce(self, lost: list[LeaseState]) -> None:
         """Tell the holders of newly lost leases: set the Event, run the callbacks."""
-        for lease in lost:
-            if lease._lost_event is not None:  # else lost_event creates it already set
-                lease._lost_event.set()
+        for state in lost:
             self.counters.incr("lost")
-            log.warning("lease %r (fence %d) lost: %s", lease.name, lease.fence, lease._lost_reason)
-            for callback in lease._callbacks or ():
-                run_callback(callback, lease)
+            state.announce_lost()
 
     # -- threads ----------------------------------------------------------------------------
 
@@ -361,8 +368,8 @@ class Keeper:
     def _renew_delay(self, now: float) -> float | None:
         """Seconds until the next renewal is due, None if nothing is (lock held)."""
         next_at = math.inf
-        for lease in self._held:
-            due = _due_at(lease, now)
+        for state in self._held:
+            due = state.due_at(now)
             if due is not None and due < next_at:
                 next_at = due
         if self._retry_at is not None and next_at < self._retry_at:
@@ -377,42 +384,16 @@ class Keeper:
                     return
                 now = self.clock()
                 lost = self._expire(now)
-                next_at = min((lease._safe_until for lease in self._held), default=math.inf)
+                next_at = min((state.safe_until for state in self._held), default=math.inf)
                 self._watch_next = next_at
             self._announce(lost)
             self._watch_wake.wait(None if next_at == math.inf else max(0.0, next_at - now))
             self._watch_wake.clear()
 
-    def _reset_after_fork(self) -> None:
-        # The parent's threads do not exist here and its locks may be held forever; the
-        # parent's leases stay the parent's (Lease methods refuse them in the child).
-        self._reset()
-
-
-def _due_at(lease: Lease, now: float) -> float | None:
-    """When the renewer should next look at `lease`; None when only a heartbeat can help."""
-    if not lease.renews or lease._renewal_ttl(now) is None:
-        return None  # not ours to renew, or past its max lifetime: it will lapse
-    due = lease._renewed_at + lease.ttl * RENEW_FRACTION
-    if due > now or not lease.progress or lease._beats != lease._beats_seen:
-        return due  # (a lease acquired with progress=False needs no heartbeat)
-    # Due, but no progress yet. Set the flag before re-reading the count, so that a heartbeat
-    # racing with us either is seen here or sees the flag and pokes the renewer.
-    lease._awaiting_beat = True
-    return due if lease._beats != lease._beats_seen else None
-
-
-def run_callback(callback: Callable[[Lease], object], lease: Lease) -> None:
-    """Run one on-lost callback; log, never raise, what it raises."""
-    try:
-        callback(lease)
-    except Exception:
-        log.exception("on_lost callback %r of lease %r raised", callback, lease.name)
-
 
 def _reset_keepers_in_child() -> None:
     for keeper in list(_KEEPERS):
-        keeper._reset_after_fork()
+        keeper._reset()
 
 
 os.register_at_fork(after_in_child=_reset_keepers_in_child)

@@ -17,8 +17,10 @@ __all__ = [
     "WAITING_PREFIX",
     "WAKE_PREFIX",
     "WAKE_TTL_MS",
+    "acquire_keys",
     "fence_key",
     "lease_key",
+    "release_keys",
     "validate_name",
     "waiting_key",
     "wake_key",
@@ -93,3 +95,30 @@ def waiting_key(name: str) -> str:
 def wake_key(name: str) -> str:
     """The list a release of lease `name` pushes a wake marker to."""
     return WAKE_PREFIX + _tagged(name)
+
+
+# -- the hot paths' keys -------------------------------------------------------------------
+# An acquire or release is one round trip; building its keys is overhead on every call, so
+# these skip the regex for the common name and build a release's keys without encoding.
+
+
+def acquire_keys(name: str) -> list[str]:
+    """``[lease_key(name), fence_key(name)]``, the acquire's KEYS; ValueError for a bad name."""
+    if name.__class__ is str and name and "{" not in name and "}" not in name:
+        tagged = "{" + name + "}"  # no hash tag of its own: nothing to validate
+        return [LEASE_PREFIX + tagged, FENCE_PREFIX + tagged]
+    validate_name(name)
+    return [lease_key(name), fence_key(name)]
+
+
+# Every key of a lease is its prefix + the same tagged name.
+_LEASE_PREFIX_LEN = len(LEASE_PREFIX.encode())
+_WAITING_PREFIX = WAITING_PREFIX.encode()
+_WAKE_PREFIX = WAKE_PREFIX.encode()
+
+
+def release_keys(key: bytes) -> list[bytes]:
+    """The release's KEYS, as bytes, from the encoded `lease_key(name)`: that key, then
+    ``waiting_key(name)`` and ``wake_key(name)``."""
+    tagged = key[_LEASE_PREFIX_LEN:]
+    return [key, _WAITING_PREFIX + tagged, _WAKE_PREFIX + tagged]

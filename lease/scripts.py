@@ -12,11 +12,16 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 __all__ = ["load_lua", "run_script", "ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "TOKEN_CHARS",
-           "LeaseScripts"]
+           "LeaseScripts", "ms"]
 
 # Every lease token is this many hex characters (secrets.token_hex(TOKEN_CHARS // 2)):
 # renew_many.lua finds each lease's token in one concatenated argument by this length.
 TOKEN_CHARS = 32
+
+
+def ms(seconds: float) -> int:
+    """A duration as the scripts' millisecond argument: whole milliseconds, at least 1."""
+    return max(1, round(seconds * 1000))
 
 
 def load_lua(package: str, name: str) -> str:

@@ -58,15 +58,11 @@ class Stats:
         """``incr``, for a caller that holds the lock."""
         self._counts[counter] += n
 
-    def renewal(self, rtt: float, renewed: int, failed: int, margin: float | None) -> None:
-        """Record one renewal round trip: `rtt` and `margin` in seconds."""
-        with self._lock:
-            self.renewal_locked(rtt, renewed, failed, margin)
-
     def renewal_locked(
         self, rtt: float, renewed: int, failed: int, margin: float | None
     ) -> None:
-        """``renewal``, for a caller that holds the lock."""
+        """Record one renewal round trip (`rtt` and `margin` in seconds); the caller holds the
+        lock."""
         counts = self._counts
         counts["renewed"] += renewed
         counts["renewal_failures"] += failed

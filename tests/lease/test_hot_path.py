@@ -10,6 +10,7 @@ import redis
 
 from lease import Leases
 from lease import lease as lease_module
+from lease import leases as leases_module
 from lease.keys import fence_key, lease_key, waiting_key, wake_key
 from lease.scripts import TOKEN_CHARS
 
@@ -37,20 +38,20 @@ def test_hot_path_keys_are_the_keys_module_keys(
 
 
 def test_tokens_are_fresh_hex_and_never_repeat() -> None:
-    tokens = [lease_module._new_token() for _ in range(1000)]  # spans many pool refills
+    tokens = [leases_module._new_token() for _ in range(1000)]  # spans many pool refills
     assert len(set(tokens)) == len(tokens)
     assert all(len(t) == TOKEN_CHARS and set(t) <= set(string.hexdigits) for t in tokens)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
 def test_a_forked_child_draws_other_tokens_and_knows_its_pid() -> None:
-    lease_module._new_token()  # the pool now holds tokens the parent will hand out
-    parents_next = list(lease_module._tokens)
+    leases_module._new_token()  # the pool now holds tokens the parent will hand out
+    parents_next = list(leases_module._tokens)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         try:
-            ok = lease_module._pid == os.getpid() and lease_module._new_token() not in parents_next
+            ok = lease_module._pid == os.getpid() and leases_module._new_token() not in parents_next
             os.write(write, b"1" if ok else b"0")
         finally:
             os._exit(0)
