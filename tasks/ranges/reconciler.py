@@ -138,32 +138,14 @@ def reconcile_job(
     it was not dispatched within `grace` seconds (a queued message may still be on its way).
     A finished partition is checked for late commits once, `settle` seconds after it finished.
     """
-    name = schedule_name(job.name)
-    term = _win_round(sessions, name, interval)
+    term = _win_round(sessions, schedule_name(job.name), interval)
     if term is None:
         return Round(job.name, ran=False)
     step = seam or (lambda _step: None)
     step("won")
     result = Round(job.name, ran=True)
-    with sessions() as session:
-        lo, hi = session.execute(select(func.min(job.id_col), func.max(job.id_col))).one()
-        plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
-                                      func.max(WORK.c.part)).where(
-            WORK.c.kind == "range", WORK.c.job == job.name)).one()
-    step("read")
-    stored = StoredPlan(*plan) if plan[2] is not None else None
-    missing = plan_after(stored, lo, hi, job.partition_size)
-    with sessions.begin() as session:
-        if not _hold(session, name, term):
-            return _overtaken(result)
-        if missing:
-            session.execute(insert(WORK), [
-                {"kind": "range", "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
-                 "next_id": p.lo, "fence": 0, "status": S.PENDING, "claims": 0, "rows_done": 0,
-                 "rate": 0.0, "crashes": 0} for p in missing])
-        result.planned = len(missing)
-        if hi is not None:
-            result.reopened = _reopen(session, job, hi)
+    if not _plan(sessions, job, term, result, step):
+        return _overtaken(result)
     if not _settle(sessions, job, term, settle, result):
         return _overtaken(result)
     dispatched = _dispatch_unleased(sessions, client, job, term, dispatch, grace)
@@ -174,6 +156,32 @@ def reconcile_job(
         log.info("reconcile %s: planned %d, reopened %d, late commits in %d, dispatched %s",
                  job.name, result.planned, result.reopened, result.late, result.dispatched)
     return result
+
+
+def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
+          step: Seam) -> bool:
+    """Add the partitions the table's id bounds need and reopen the finished ones it grew
+    past; False if the round was overtaken (then it wrote nothing)."""
+    with sessions() as session:
+        lo, hi = session.execute(select(func.min(job.id_col), func.max(job.id_col))).one()
+        plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
+                                      func.max(WORK.c.part)).where(
+            WORK.c.kind == "range", WORK.c.job == job.name)).one()
+    step("read")
+    stored = StoredPlan(*plan) if plan[2] is not None else None
+    missing = plan_after(stored, lo, hi, job.partition_size)
+    with sessions.begin() as session:
+        if not _hold(session, schedule_name(job.name), term):
+            return False
+        if missing:
+            session.execute(insert(WORK), [
+                {"kind": "range", "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
+                 "next_id": p.lo, "fence": 0, "status": S.PENDING, "claims": 0, "rows_done": 0,
+                 "rate": 0.0, "crashes": 0} for p in missing])
+        result.planned = len(missing)
+        if hi is not None:
+            result.reopened = _reopen(session, job, hi)
+    return True
 
 
 def _overtaken(result: Round) -> Round:

@@ -198,7 +198,7 @@ def crash(job: RangeJob, part: int, sessions: sessionmaker[Session], leases: Lea
           client: redis.Redis) -> None:
     """A holder that claims the partition and dies: its lease lapses, the row stays running."""
     held = leases.acquire(job.lease_name(part), ttl=5.0, fence_floor=work_fence(sessions, part))
-    assert runner(job, part, sessions, leases)._claim(held.fence) is not None
+    assert runner(job, part, sessions, leases).row.claim(held.fence) is not None
     client.delete(*client.keys("lease:*"))  # the holder is gone; its lease lapsed
 
 

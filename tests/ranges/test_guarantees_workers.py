@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,25 +23,11 @@ from tasks.models import CM_DATA
 from tasks.models import PartitionStatus as S
 from tasks.ranges.runner import DEAD_LETTER_KIND
 from tests import WORKER_REDIS_URL
-from tests.ranges.test_chaos import Platform
+from tests.ranges.cluster import Platform
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, celery_call, wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def platform(engine: Engine, private_redis: RedisServer) -> Iterator[Callable[..., Platform]]:
-    made: list[Platform] = []
-
-    def make(**env: str) -> Platform:
-        found = Platform(engine, private_redis, **env)
-        made.append(found)
-        return found
-
-    yield make
-    for found in made:
-        found.stop()
 
 
 def histogram(engine: Engine) -> dict[int, int]:

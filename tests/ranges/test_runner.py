@@ -18,9 +18,10 @@ from tasks.examples.cm_data import cm_data, mark_processed
 from tasks.examples.seed import seed_cm_data
 from tasks.models import CmData, WorkItem
 from tasks.models import PartitionStatus as S
+from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
-from tasks.ranges.runner import FencedOut, Outcome, PartitionRunner, UnknownPartition, _Pass
+from tasks.ranges.runner import FencedOut, Outcome, PartitionRunner, UnknownPartition
 
 DATA = CmData.__table__
 WORK = WorkItem.__table__
@@ -94,20 +95,21 @@ def test_a_paused_holder_is_fenced_out_and_writes_nothing(
     plan(sessions, redis_client, job)
     old = runner(job, 0, sessions, leases)
     old_lease = leases.acquire(job.lease_name(0), ttl=5.0)
-    assert old._claim(old_lease.fence) is not None
+    assert old.row.claim(old_lease.fence) is not None
     redis_client.delete(*redis_client.keys("lease:*"))  # the old holder's lease lapsed
     new = runner(job, 0, sessions, leases)
     new_lease = leases.acquire(job.lease_name(0), ttl=5.0)
     assert new_lease.fence > old_lease.fence
-    assert new._claim(new_lease.fence) is not None
+    assert new.row.claim(new_lease.fence) is not None
     claimed = work(engine, 0)
     # The old holder wakes up and commits the batch it had read: refused, nothing written.
     with pytest.raises(FencedOut):
-        old._batch(old_lease, job_partition(claimed), _Pass(claimed.lo), None, 0.0)
+        Batches(old.row, job_partition(claimed), next_id=claimed.lo).step(old_lease.fence, None)
     assert counts(engine) == {0: 1000}
     assert work(engine, 0).next_id == claimed.next_id
     # The new holder's batch is accepted.
-    assert new._batch(new_lease, job_partition(claimed), _Pass(claimed.lo), None, 0.0) == 101
+    batches = Batches(new.row, job_partition(claimed), next_id=claimed.lo)
+    assert batches.step(new_lease.fence, None) == 101
     assert counts(engine) == {0: 900, 1: 100}
     new_lease.release()
 

@@ -1,0 +1,162 @@
+"""The batches of one run of a partition: the keyset pass, then the closing pass.
+
+Each batch is one transaction: read the rows, guard the work row by the holder's fence (moving
+the checkpoint), run the job's process function. The guard UPDATE is the first write of the
+transaction, so on PostgreSQL and MariaDB it also row-locks the work row: a claim by a newer
+holder waits for an in-flight batch to commit, then reads its checkpoint. On SQLite the
+transaction begins IMMEDIATE (it will write).
+
+Which rows a run processes (README): the keyset pass walks `id >= next_id`, which misses a row
+whose transaction took its id early and committed late (concurrent inserters commit out of id
+order). So a partition is never marked done after its keyset pass alone: a closing pass reads
+`lo..hi` from the start with the job's filter (rows still to do) and processes what it finds,
+until a closing read finds nothing; that read and the `done` update are one transaction.
+
+    t0  keyset pass: rows 1..100 committed; 101 (inserter A) is still uncommitted, 102
+        (inserter B) commits; the runner processes 102, its next read from 103 is empty
+    t1  A commits 101
+    t2  closing read of 1..hi with `status = 0` finds 101: processed; the next closing read
+        finds nothing, and the partition is done in that same transaction
+
+A row committed after the closing read is found by the reconciler's late-commit check
+(`RANGE_SETTLE` after the partition finished) or, above the checkpoint, by its growth check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Row, bindparam, func, select
+from sqlalchemy.orm import Session
+
+from tasks.db import WRITE_INTENT, affected, utcnow
+from tasks.ranges.jobs import Context
+from tasks.ranges.outcomes import FencedOut, FilterNotCleared
+from tasks.ranges.planning import Partition
+from tasks.ranges.workrow import WorkRow
+
+__all__ = ["Batches", "Cursor"]
+
+
+@dataclass
+class Cursor:
+    """Where a run is: the keyset cursor, and the closing pass once the keyset pass is done."""
+
+    next_id: int
+    closing: bool = False
+    checked: bool = False  # the filter contract was checked on a batch of this run
+    closed_ids: frozenset[int] = frozenset()  # ids the previous closing batch processed
+
+
+class Batches:
+    """The batches of one run of `row`'s partition, from checkpoint `next_id`.
+
+    `started` is when the run began on `clock` (the rate stored with each checkpoint).
+    """
+
+    def __init__(self, row: WorkRow, partition: Partition, *, next_id: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 started: float | None = None) -> None:
+        self.row, self.job, self.partition = row, row.job, partition
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.cursor = Cursor(next_id)
+        self.rows_done = 0
+        job = self.job
+        columns = [job.table.c[c] for c in job.columns] if job.columns else [job.table]
+        self._query = (select(*columns)
+                       .where(job.id_col >= bindparam("from_id"), job.id_col <= partition.hi,
+                              job.where)
+                       .order_by(job.id_col).limit(job.batch_size))
+        self._top = select(func.max(job.id_col)).where(job.id_col >= partition.lo,
+                                                       job.id_col <= partition.hi)
+        self._guard = row.checkpoint_statement()
+
+    def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str | None:
+        """Process one batch as the holder of `fence`; return the new checkpoint, None when
+        the keyset pass is done (the closing pass starts), or the final status when a closing
+        read found nothing. `FencedOut` if a newer holder owns the partition."""
+        if self.cursor.closing:
+            return self._closing_batch(fence, pool)
+        checkpoint = self._keyset_batch(fence, pool)
+        if checkpoint is None:
+            self.cursor.closing = True
+        return checkpoint
+
+    def _keyset_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | None:
+        with self.row.sessions.begin() as session:
+            conn = session.connection(execution_options=WRITE_INTENT)
+            rows = conn.execute(self._query, {"from_id": self.cursor.next_id}).all()
+            if not rows:
+                return None
+            checkpoint = self._process(session, conn, fence, rows, pool,
+                                       check=not self.cursor.checked)
+        return self._advance(checkpoint, len(rows))
+
+    def _closing_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
+        with self.row.sessions.begin() as session:
+            conn = session.connection(execution_options=WRITE_INTENT)
+            # The highest id read *before* the closing read: a row committed after that read
+            # with a higher id reopens the partition (growth); one with an id up to `top` is
+            # found by the late-commit check.
+            top = conn.execute(self._top).scalar()
+            rows = conn.execute(self._query, {"from_id": self.partition.lo}).all()
+            if not rows:
+                next_id = self.cursor.next_id
+                return self.row.finish(conn, fence,
+                                       max(next_id, top + 1) if top is not None else next_id)
+            self._refuse_repeats(rows)
+            checkpoint = self._process(session, conn, fence, rows, pool, check=True)
+        return self._advance(checkpoint, len(rows))
+
+    def _process(self, session: Session, conn: Connection, fence: int,
+                 rows: Sequence[Row[Any]], pool: ThreadPoolExecutor | None, *,
+                 check: bool) -> int:
+        """Guard the work row, then run the job on `rows`, in the batch's transaction."""
+        last = int(getattr(rows[-1], self.job.id_column))
+        checkpoint = max(self.cursor.next_id, last + 1)  # closing rows may lie below the cursor
+        rate = (self.rows_done + len(rows)) / max(self.clock() - self.started, 1e-6)
+        guarded = affected(conn.execute(self._guard, {
+            "mine": fence, "checkpoint": checkpoint, "batch_rows": len(rows),
+            "now": utcnow(), "rows_per_s": rate}))
+        if guarded != 1:
+            raise FencedOut()
+        self.job.process(rows, Context(session, fence, self.job, self.partition, pool))
+        if check:
+            self._check_cleared(conn, rows)
+            self.cursor.checked = True
+        return checkpoint
+
+    def _advance(self, checkpoint: int, rows: int) -> int:
+        """After a batch committed: the cursor moves on."""
+        self.rows_done += rows
+        self.cursor.next_id = checkpoint
+        return checkpoint
+
+    def _refuse_repeats(self, rows: Sequence[Row[Any]]) -> None:
+        """Two closing batches in a row that read the same id: its row still matches."""
+        ids = frozenset(int(getattr(r, self.job.id_column)) for r in rows)
+        again = ids & self.cursor.closed_ids
+        if again:
+            raise FilterNotCleared(
+                f"range job {self.job.name}: row {min(again)} still matches the job's filter "
+                "after it was processed (the process function must make processed rows stop "
+                "matching `where`)")
+        self.cursor.closed_ids = ids
+
+    def _check_cleared(self, conn: Connection, rows: Sequence[Row[Any]]) -> None:
+        """The job's contract: a processed row no longer matches its filter (checked on the
+        first batch of a run and on closing batches; a failure rolls the batch back)."""
+        job = self.job
+        ids = [getattr(r, job.id_column) for r in rows]
+        left = conn.execute(select(job.id_col).where(job.id_col.in_(ids), job.where)
+                            .limit(1)).scalar()
+        if left is not None:
+            raise FilterNotCleared(
+                f"range job {job.name}: row {left} still matches the job's filter after it was "
+                "processed (the process function must make processed rows stop matching "
+                "`where`); nothing of this batch was written")

@@ -1,0 +1,146 @@
+"""A partition's work row: every state change of it, each guarded by the holder's fence.
+
+A holder claims the row with the fencing token of its lease (`claim`: only a higher fence
+wins); from then on each of its writes (checkpoint, done, handed back, failed) is an
+`UPDATE work_items ... WHERE fence = :mine AND status = 'running'`, so a holder that a newer
+one overtook writes nothing (`FencedOut`).
+
+Poison partitions: a claim that finds the row still `running` takes over from a holder that
+never released it (its process died, or it lost the lease or the database). `crashes` counts
+such claims until a batch commits; past the redelivery cap the partition is failed and
+dead-lettered instead of run again (`dead_letter`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import Connection, Update, bindparam, case, select, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tasks.db import affected, utcnow
+from tasks.deadletter import DeadLetters
+from tasks.models import WORK
+from tasks.models import PartitionStatus as S
+from tasks.ranges.jobs import RangeJob
+from tasks.ranges.outcomes import FencedOut, UnknownPartition
+
+__all__ = ["WorkRow", "DEAD_LETTER_KIND"]
+
+log = logging.getLogger("tasks.ranges")
+
+# Dead letters of partitions that kept killing their worker.
+DEAD_LETTER_KIND = "range-partition"
+
+
+class WorkRow:
+    """The work row of `job`'s partition `part`, written by the holder called `owner`."""
+
+    def __init__(self, job: RangeJob, part: int, sessions: sessionmaker[Session],
+                 owner: str) -> None:
+        self.job, self.part = job, part
+        self.sessions, self.owner = sessions, owner
+        self._where = (WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.part == part)
+
+    def load(self) -> Any:
+        """The row as stored; `UnknownPartition` if the reconciler never planned it."""
+        with self.sessions() as session:
+            row = session.execute(select(WORK).where(*self._where)).first()
+        if row is None:
+            raise UnknownPartition(f"range job {self.job.name} has no partition {self.part} "
+                                   "(not planned yet: start the job first)")
+        return row
+
+    def claim(self, fence: int) -> Any:
+        """Take the open row for the holder of `fence`: its bounds, checkpoint and counts, or
+        None if a holder with a newer fence claimed it first or it is finished."""
+        now = utcnow()
+        took_over = case((WORK.c.status == S.RUNNING, 1), else_=0)
+        with self.sessions.begin() as session:
+            # `crashes` first: MariaDB evaluates SET assignments left to right, so it must read
+            # the old status before `status` is assigned.
+            claimed = affected(session.execute(
+                update(WORK)
+                .where(*self._where, WORK.c.fence < fence, WORK.c.status.in_(S.OPEN))
+                .ordered_values(
+                    (WORK.c.crashes, WORK.c.crashes + took_over), (WORK.c.fence, fence),
+                    (WORK.c.status, S.RUNNING), (WORK.c.owner, self.owner),
+                    (WORK.c.claims, WORK.c.claims + 1), (WORK.c.started_at, now),
+                    (WORK.c.heartbeat_at, now), (WORK.c.error, None))
+            ))
+            if claimed != 1:
+                return None
+            return session.execute(
+                select(WORK.c.id, WORK.c.lo, WORK.c.hi, WORK.c.next_id, WORK.c.crashes,
+                       WORK.c.claims).where(*self._where)
+            ).one()
+
+    def guard(self, fence: int) -> Update:
+        """An UPDATE of the row that matches only while the holder of `fence` owns it."""
+        return update(WORK).where(*self._where, WORK.c.fence == fence,
+                                  WORK.c.status == S.RUNNING)
+
+    def checkpoint_statement(self) -> Update:
+        """The batch's guard: moves the checkpoint and the counts, as `guard` does, with the
+        fence and the figures bound per batch (mine, checkpoint, batch_rows, now, rows_per_s).
+        A batch commits only if it matched the row."""
+        return (update(WORK).where(*self._where, WORK.c.fence == bindparam("mine"),
+                                   WORK.c.status == S.RUNNING)
+                .values(next_id=bindparam("checkpoint"),
+                        rows_done=WORK.c.rows_done + bindparam("batch_rows"),
+                        heartbeat_at=bindparam("now"), rate=bindparam("rows_per_s"),
+                        crashes=0))
+
+    def finish(self, conn: Connection, fence: int, scanned: int) -> str:
+        """Mark the row done (or empty when no row was processed), in the transaction of the
+        closing read; `scanned` is the checkpoint above every id the run read. Returns the
+        final status; `FencedOut` if a newer holder owns the row."""
+        now = utcnow()
+        status = case((WORK.c.rows_done > 0, S.DONE), else_=S.EMPTY)
+        done = affected(conn.execute(self.guard(fence).values(
+            status=status, owner=None, next_id=scanned, finished_at=now, heartbeat_at=now,
+            settled_at=None, crashes=0)))
+        if done != 1:
+            raise FencedOut()
+        final = conn.execute(select(WORK.c.status).where(*self._where)).scalar_one()
+        log.info("range %s part %s: %s", self.job.name, self.part, final)
+        return str(final)
+
+    def release_to_pending(self, fence: int) -> None:
+        """Hand the row back (the holder stops on purpose); the reconciler dispatches it."""
+        with self.sessions.begin() as session:
+            session.execute(self.guard(fence).values(status=S.PENDING, owner=None))
+
+    def release_quietly(self, fence: int) -> None:
+        """Best effort: a holder that stops without crashing says so (it is no crash)."""
+        try:
+            self.release_to_pending(fence)
+        except (OperationalError, DBAPIError):
+            log.warning("range %s part %s: could not hand the partition back; the reconciler "
+                        "resumes it", self.job.name, self.part)
+
+    def fail(self, fence: int, exc: BaseException) -> None:
+        """Mark the row failed with `exc` as its error (`tasks.ranges.start` resets it)."""
+        reason = f"{type(exc).__name__}: {exc}"[:2000]
+        try:
+            with self.sessions.begin() as session:
+                session.execute(self.guard(fence).values(
+                    status=S.FAILED, owner=None, error=reason, finished_at=utcnow()))
+        except Exception:  # the database itself is gone; the lease lapses and it is retried
+            log.exception("range %s part %s: could not record the failure", self.job.name,
+                          self.part)
+
+    def dead_letter(self, fence: int, claimed: Any, crash_cap: int) -> None:
+        """Fail a partition whose holders kept dying, and keep it as a dead letter."""
+        reason = (f"its holders died {claimed.crashes} times in a row without committing a "
+                  f"batch (REDELIVERY_CAP={crash_cap}): the partition keeps killing its "
+                  "worker; fix it, then resume with tasks.ranges.start")
+        log.error("range %s part %s: %s", self.job.name, self.part, reason)
+        with self.sessions.begin() as session:
+            session.execute(self.guard(fence).values(
+                status=S.FAILED, owner=None, error=reason, finished_at=utcnow()))
+        DeadLetters(self.sessions).add(DEAD_LETTER_KIND, f"{self.job.name}:{self.part}", reason, {
+            "job": self.job.name, "part": self.part, "lo": claimed.lo, "hi": claimed.hi,
+            "checkpoint": claimed.next_id, "crashes": claimed.crashes, "claims": claimed.claims})
