@@ -53,6 +53,7 @@ from tasks.restock.redolog import (
     parse_entry,
 )
 from tasks.restock.replies import ACTIONS, DUPLICATE, Action, UnexpectedReply, raise_for, reply_text
+from tasks.settings import Settings
 
 __all__ = [
     "DEDUCT",
@@ -77,10 +78,10 @@ RESTOCK = load_lua("tasks.restock", "restock")
 DISCARD = load_lua("tasks.restock", "discard")
 REBUILD = load_lua("tasks.restock", "rebuild")
 
-# The seed's numbers: unpaid orders are restocked after 10 minutes; a queue holding 100,000
-# entries stops syncing.
-DEFAULT_DELAY_MS = 10 * 60 * 1000
-DEFAULT_CAPACITY = 100_000
+# The settings' defaults (the seed's numbers: unpaid orders are restocked after 10 minutes; a
+# queue holding 100,000 entries stops syncing), in the units the scripts take.
+DEFAULT_DELAY_MS = round(Settings.restock_delay * 1000)
+DEFAULT_CAPACITY = Settings.restock_capacity
 
 
 @dataclass(frozen=True)
