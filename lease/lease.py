@@ -124,6 +124,10 @@ class Lease:
         Call it before each unit of work: it is the holder's last line of defence when the
         keeper could not warn it in time.
         """
+        self._checked_now()
+
+    def _checked_now(self) -> float:
+        """check(), returning the clock reading it compared with safe-until."""
         if self._pid != _pid:
             self._own()
         state = self._state
@@ -131,8 +135,10 @@ class Lease:
             raise LeaseLost(self.name, state.lost_reason)
         if state.released:
             raise NotHeld(self.name, "already released")
-        if self._keeper.clock() >= state.safe_until:
+        now = self._keeper.clock()
+        if now >= state.safe_until:
             raise LeaseLost(self.name, "safe-until passed without a confirmed renewal")
+        return now
 
     def renew(self) -> None:
         """Extend the lease by its TTL now, in one round trip (the keeper normally does this).
@@ -141,18 +147,9 @@ class Lease:
         marked lost), if it was already lost, or if ``max_lifetime`` is used up; NotHeld if
         released.
         """
-        # check(), inlined, sharing its clock reading with the round trip's start.
-        if self._pid != _pid:
-            self._own()
+        now = self._checked_now()  # its clock reading is the round trip's start
         state = self._state
-        if state.lost_reason is not None:
-            raise LeaseLost(self.name, state.lost_reason)
-        if state.released:
-            raise NotHeld(self.name, "already released")
         keeper = self._keeper
-        now = keeper.clock()
-        if now >= state.safe_until:
-            raise LeaseLost(self.name, "safe-until passed without a confirmed renewal")
         if state.max_lifetime is None:  # renewal_ttl(now) is the TTL: reuse its argument
             ttl = self.ttl
             ttl_ms = self._ttl_ms
