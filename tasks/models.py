@@ -4,7 +4,7 @@
     cm_data                    the example job's table
     dead_letters               every wing's dead letters
     skus, orders, order_items, payments, restock_nodes    restock
-    rollback_journal, rollback_owners    the rollback wing's journal (defined in tasks.rollback.tables)
+    rollback_journal, rollback_owners    the rollback journal (defined in tasks.rollback.tables)
 
 The same models run on SQLite, PostgreSQL and MariaDB; Alembic migrations in
 `tasks/migrations` create them (`python -m tasks migrate`).

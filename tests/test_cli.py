@@ -37,7 +37,7 @@ def test_migrate_seed_and_status(private_redis: RedisServer, tmp_path: Path) -> 
     empty = tasks_cli(env, "status")
     assert empty.returncode == 0 and "no range job has partitions yet" in empty.stdout
     bad = tasks_cli(env, "seed", "--rows", "-5")
-    assert bad.returncode != 0 and "rows must be >= 0" in bad.stderr
+    assert bad.returncode == 2 and "-5 is not in the range x>=0" in bad.stderr
     engine = make_engine(env["DATABASE_URL"])
     sessions = sessionmaker(engine)
     activate(sessions, cm_data)

@@ -1,0 +1,67 @@
+"""What every command of `python -m tasks` shares: the root group and the resources."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from tasks.settings import redact
+
+if TYPE_CHECKING:
+    from tasks.resources import Resources
+
+__all__ = ["cli", "open_resources", "fail", "require_tables"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Operate rangekeeper: the schema, the demo table, status, range-job controls and dead
+    letters. Settings come from the environment (REDIS_URL, DATABASE_URL, ...)."""
+
+
+def fail(message: str) -> None:
+    """Print `message` on stderr and exit 1 (a clear refusal, not a usage error)."""
+    click.echo(message, err=True)
+    sys.exit(1)
+
+
+@contextmanager
+def open_resources(need_file: bool = True) -> Iterator[Resources]:
+    """This process's `Resources`; a database that is missing or does not answer ends the
+    command with one line naming DATABASE_URL (credentials redacted), no traceback."""
+    from sqlalchemy.exc import OperationalError
+
+    from tasks.app import settings
+    from tasks.resources import resources_for
+
+    if need_file and _missing_sqlite_file(settings.database_url):
+        fail(f"DATABASE_URL={redact(settings.database_url)}: the database file does not exist"
+             ": run `python -m tasks migrate` to create it")
+    res = resources_for(settings)
+    try:
+        yield res
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        fail(f"cannot use DATABASE_URL={redact(settings.database_url)}: {reason[:300]}")
+
+
+def require_tables(res: Resources) -> None:
+    """Exit with a clear line when the platform's tables were never created."""
+    from sqlalchemy import inspect
+
+    if not inspect(res.engine).has_table("work_items"):
+        fail("the database has no platform tables yet: run `python -m tasks migrate`")
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    name = parsed.database or ""
+    return (parsed.get_backend_name() == "sqlite" and name not in ("", ":memory:")
+            and not name.startswith("file:") and not Path(name).exists())
