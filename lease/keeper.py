@@ -332,7 +332,7 @@ class Keeper:
     def _announce(self, lost: list[LeaseState]) -> None:
         """Tell the holders of newly lost leases: set the Event, run the callbacks."""
         for state in lost:
-            self.counters.incr("lost")
+            self.counters.lost(state.lost_reason or "unknown")
             state.announce_lost()
 
     # -- threads ----------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
-__all__ = ["COUNTERS", "LeaseStats", "Stats"]
+__all__ = ["COUNTERS", "LeaseStats", "Observer", "Stats", "set_observer"]
 
 
 class LeaseStats(TypedDict):
@@ -33,6 +33,25 @@ COUNTERS = (
 )
 
 
+class Observer(Protocol):
+    """Told of every count as it happens (e.g. to export metrics); must not block."""
+
+    def counted(self, counter: str, n: int) -> None: ...
+
+    def renewal(self, rtt: float, margin: float | None) -> None: ...
+
+    def lost(self, reason: str) -> None: ...
+
+
+_observer: Observer | None = None
+
+
+def set_observer(observer: Observer | None) -> None:
+    """Tell `observer` of every count of every Keeper in this process (None: nobody)."""
+    global _observer
+    _observer = observer
+
+
 class Stats:
     """The counters, round-trip times and margin behind LeaseStats, safe to update from any
     thread.
@@ -53,10 +72,20 @@ class Stats:
         """Add `n` to `counter` (one of COUNTERS)."""
         with self._lock:
             self._counts[counter] += n
+        if _observer is not None:
+            _observer.counted(counter, n)
 
     def incr_locked(self, counter: str, n: int = 1) -> None:
         """``incr``, for a caller that holds the lock."""
         self._counts[counter] += n
+        if _observer is not None:
+            _observer.counted(counter, n)
+
+    def lost(self, reason: str) -> None:
+        """Count one lease lost for `reason`."""
+        self.incr("lost")
+        if _observer is not None:
+            _observer.lost(reason)
 
     def renewal_locked(
         self, rtt: float, renewed: int, failed: int, margin: float | None
@@ -71,6 +100,10 @@ class Stats:
             self._rtt_max = rtt
         if margin is not None and (self._margin_min is None or margin < self._margin_min):
             self._margin_min = margin
+        if _observer is not None:
+            _observer.counted("renewed", renewed)
+            _observer.counted("renewal_failures", failed)
+            _observer.renewal(rtt, margin)
 
     def snapshot(self, held: int) -> LeaseStats:
         """The current values, with `held` leases tracked."""

@@ -13,8 +13,9 @@ from celery import Celery, signals
 from celery.app import backends
 from celery.app.task import Task as CeleryTask
 
-from tasks import brokerfix, flowerguard
+from tasks import brokerfix, flowerguard, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
 from tasks.limits import bound_log_handlers, bounded_backend
+from tasks.logs import use_json
 from tasks.retry import check_policy
 from tasks.schedule import beat_schedule
 from tasks.settings import Settings, SettingsError, load_settings, redact
@@ -131,6 +132,8 @@ app.platform_settings = settings
 def _bound_log_lines(logger: logging.Logger, **_: Any) -> None:
     # No log line quotes more than a short part of a large value (MAX_MESSAGE_BYTES, item 15).
     bound_log_handlers(logger)
+    if settings.log_format == "json":
+        use_json(logger)
 
 
 @app.on_after_finalize.connect

@@ -36,6 +36,7 @@ from celery import Task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 
 from tasks.keys import deliveries_key
+from tasks.metrics import record
 from tasks.retry import RetryPolicy, decide
 
 __all__ = ["PlatformTask", "DEAD_LETTERED", "TaskHooks", "deliveries_key", "install_hooks"]
@@ -106,6 +107,8 @@ class PlatformTask(Task):  # type: ignore[misc]
             countdown = decide(policy, exc, request.retries) if policy is not None else None
             if countdown is None or _never_retried(exc):
                 raise
+            if record.on is not None:
+                record.on.task_retries.labels(self.name).inc()
             raise self.retry(exc=exc, countdown=countdown) from exc
         for hooks in _hooks:
             hooks.settle(self)  # raises JournalLost: the task fails, never SUCCESS
@@ -136,6 +139,8 @@ class PlatformTask(Task):  # type: ignore[misc]
                   "the message keeps killing its worker")
         DeadLetters(res.sessions).add("task", task_id, reason,
                                       {"task": self.name, "args": args, "kwargs": kwargs})
+        if record.on is not None:
+            record.on.task_capped.labels(self.name).inc()
         self.update_state(state=DEAD_LETTERED, meta={"reason": reason})
         raise Ignore(reason)
 

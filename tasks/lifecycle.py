@@ -10,9 +10,18 @@ releases its lease and hands the partition over.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from typing import Any
 
-from celery.signals import worker_shutting_down
+from celery.signals import (
+    beat_init,
+    worker_init,
+    worker_process_shutdown,
+    worker_shutdown,
+    worker_shutting_down,
+)
+
+from tasks import metrics
 
 __all__ = ["shutdown_requested"]
 
@@ -23,3 +32,31 @@ shutdown_requested = multiprocessing.get_context("fork").Event()
 def _on_worker_shutting_down(**_: Any) -> None:
     shutdown_requested.set()
 
+
+
+# Metrics (METRICS_PORT): set up in the worker's main process before its pool forks, and in
+# beat; a pool process that exits is marked dead; the directory goes at shutdown.
+@worker_init.connect
+def _metrics_for_worker(sender: Any = None, **_: Any) -> None:
+    _setup_metrics(sender, "worker")
+
+
+@beat_init.connect
+def _metrics_for_beat(sender: Any = None, **_: Any) -> None:
+    _setup_metrics(sender, "beat")
+
+
+def _setup_metrics(sender: Any, role: str) -> None:
+    settings = getattr(getattr(sender, "app", None), "platform_settings", None)
+    if settings is not None:  # a PlatformCelery app (tasks.app)
+        metrics.setup(settings, role)
+
+
+@worker_process_shutdown.connect
+def _pool_process_exits(pid: int | None = None, **_: Any) -> None:
+    metrics.child_exited(pid or os.getpid())
+
+
+@worker_shutdown.connect
+def _metrics_stop(**_: Any) -> None:
+    metrics.shutdown()

@@ -79,6 +79,11 @@ class Settings:
     dead_letter_retention: float = 30 * 86400.0
     # A task message whose body is larger is refused when sent and when received.
     max_message_bytes: int = 256 * 1024
+    # Prometheus metrics of workers and beat (tasks/metrics.py): off when METRICS_PORT is unset.
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
+    # Worker and beat log lines: Celery's text format, or one JSON object per line.
+    log_format: str = "text"
 
     @property
     def restock_nodes(self) -> tuple[str, ...]:
@@ -243,6 +248,21 @@ def _positive(cast: Callable[[str], T]) -> Callable[[str, str], T]:
     return parse
 
 
+def _port(name: str, raw: str) -> int:
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SettingsError(f"{name}={raw!r} must be a TCP port (1-65535)")
+    return int(raw)
+
+
+def _address(name: str, raw: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} must be an IP address (e.g. 127.0.0.1)") from None
+
+
 _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "redis_url": ("REDIS_URL", _url(REDIS_SCHEMES)),
     "broker_url": ("BROKER_URL", _url(BROKER_SCHEMES)),
@@ -273,6 +293,9 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", _at_least(float, 0)),
     "dead_letter_retention": ("DEAD_LETTER_RETENTION", _positive(float)),
     "max_message_bytes": ("MAX_MESSAGE_BYTES", _positive(int)),
+    "metrics_port": ("METRICS_PORT", _port),
+    "metrics_address": ("METRICS_ADDRESS", _address),
+    "log_format": ("LOG_FORMAT", _one_of("text", "json")),
 }
 
 

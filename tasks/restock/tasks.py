@@ -27,6 +27,7 @@ from typing import Any
 
 from tasks.app import app, settings
 from tasks.base import PlatformTask
+from tasks.metrics import record
 from tasks.resources import resources_for
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
@@ -144,7 +145,13 @@ def sync(node: int, queue: str) -> dict[str, Any]:
 def drain(node: int, queue: str) -> dict[str, Any]:
     """Restock a queue's due entries under its lease (a second drainer returns 'busy')."""
     found = _node(node)
-    return _drainer(found).drain(_queue(queue)).as_dict()
+    report = _drainer(found).drain(_queue(queue))
+    if record.on is not None:
+        labels = (str(report.node), report.queue)
+        for status, n in report.statuses.items():
+            record.on.restocked.labels(*labels, status).inc(n)
+        record.on.restock_dead_letters.labels(*labels).inc(report.dead_lettered)
+    return report.as_dict()
 
 
 @app.task(name="tasks.restock.rebuild", acks_late=True)

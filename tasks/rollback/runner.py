@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.db import affected, utcnow
 from tasks.deadletter import DeadLetters
+from tasks.metrics import record
 from tasks.retry import RetryPolicy, decide
 from tasks.rollback.errors import UnknownCompensation
 from tasks.rollback.registry import resolve
@@ -129,6 +130,10 @@ class RollbackRunner:
                 break
             outcomes.append(self._compensate(task_id, sender, row))
         report = RollbackReport(task_id, reason, tuple(outcomes), handed_over)
+        if record.on is not None:
+            steps_metric = record.on.rollback_steps
+            steps_metric.labels("compensated").inc(len(report.compensated))
+            steps_metric.labels("failed").inc(len(report.dead))
         log.info("rollback of %s (%s): compensated %s, dead %s%s", task_id, reason,
                  report.compensated, report.dead, ", handed over" if handed_over else "")
         rollback_finished.send(sender=sender, task_id=task_id, reason=reason, report=report)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease.keys import lease_key
 from tasks.db import affected, utcnow
 from tasks.keys import handover_key, journal_lease_name
+from tasks.metrics import record
 from tasks.retry import RetryPolicy
 from tasks.rollback.runner import COMPENSATION_POLICY, RollbackRunner
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
@@ -99,6 +100,8 @@ class Sweeper:
     def sweep(self, redis_client: Any) -> int:
         """Roll back every journal whose owner is gone; return how many rollbacks ran a step."""
         rolled = 0
+        if record.on is not None:
+            record.on.rollback_sweeps.inc()
         for c in self.orphans(redis_client):
             upto = self.take_over(c) if c.state in OwnerState.OPEN else c.upto
             if not upto:

@@ -1,0 +1,219 @@
+"""Prometheus metrics of the processes that do the work: workers (pool processes included) and
+beat, served on METRICS_PORT (off when unset) at METRICS_ADDRESS (default 127.0.0.1).
+
+prometheus-client's multiprocess mode does the bookkeeping: `setup()` runs in the worker's
+main process before it forks its pool (Celery's `worker_init`) or in beat (`beat_init`); it
+makes a fresh directory of its own under the system's temporary directory, points
+PROMETHEUS_MULTIPROC_DIR at it before prometheus_client is imported, and serves every pool
+process's samples from there, with the state the wings read at scrape time (partitions by
+state, restock queues: `STATE_SOURCES`, named as strings so the core imports no wing). A pool
+process that exits is marked dead; the directory is removed at shutdown and stale ones (their
+process gone) at the next start. Nothing here runs when METRICS_PORT is unset: every `record`
+call is then one attribute check.
+
+Names follow Prometheus conventions: one `rangekeeper_` prefix, base units (seconds), `_total`
+for counters. Labels stay bounded: job, node, queue, task name, state, reason class; never a
+task id, an order id or a partition number.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.settings import Settings
+
+__all__ = ["setup", "shutdown", "child_exited", "record", "Metrics", "STATE_SOURCES",
+           "metrics_dir_root", "lost_reason"]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "rangekeeper_"
+# Functions `(settings) -> Iterable[Metric]` that read a wing's shared state at scrape time.
+STATE_SOURCES = ("tasks.ranges.metrics:collect", "tasks.restock.metrics:collect")
+SECONDS_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def lost_reason(reason: str) -> str:
+    """A lease loss's reason as a bounded label: refused, expired or other."""
+    if "refused" in reason:
+        return "refused"
+    if "safe-until" in reason or "expired" in reason:
+        return "expired"
+    return "other"
+
+
+class Metrics:
+    """The metric objects of this process (built once prometheus_client may be imported)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        def counter(name: str, doc: str, labels: Iterable[str] = ()) -> Any:
+            return Counter(PREFIX + name, doc, tuple(labels), registry=None)
+
+        self.lease = {c: counter(f"lease_{c}", f"leases {c}") for c in
+                      ("acquired", "contended", "renewed", "released")}
+        self.lease_renewal_failures = counter("lease_renewal_failures",
+                                              "renewals refused or lost to a Redis error")
+        self.lease_lost = counter("lease_lost", "leases lost, by reason class", ["reason"])
+        self.lease_renew_seconds = Histogram(PREFIX + "lease_renew_seconds",
+                                             "renewal round trips", buckets=SECONDS_BUCKETS,
+                                             registry=None)
+        self.lease_margin = Gauge(PREFIX + "lease_safe_margin_min_seconds",
+                                  "the least time a lease had left when a renewal was confirmed",
+                                  multiprocess_mode="min", registry=None)
+        self.range_rows = counter("range_rows_processed", "rows processed", ["job"])
+        self.range_batches = counter("range_batches", "batches committed", ["job"])
+        self.range_batch_seconds = Histogram(PREFIX + "range_batch_seconds", "batch times",
+                                             ["job"], buckets=SECONDS_BUCKETS, registry=None)
+        self.range_batch_size = Gauge(PREFIX + "range_batch_size", "the last batch size",
+                                      ["job"], multiprocess_mode="max", registry=None)
+        self.range_takeovers = counter("range_takeovers", "partitions taken over", ["job"])
+        self.range_fenced_out = counter("range_fenced_out_batches",
+                                        "batches rolled back: a newer holder", ["job"])
+        self.range_throttle_wait = counter("range_throttle_wait_seconds",
+                                           "time partitions waited for the throttle", ["job"])
+        self.restocked = counter("restock_entries", "delay-queue entries settled, by status",
+                                 ["node", "queue", "status"])
+        self.restock_dead_letters = counter("restock_dead_letters", "entries dead-lettered",
+                                            ["node", "queue"])
+        self.task_retries = counter("task_retries", "retries scheduled", ["task"])
+        self.task_capped = counter("task_redelivery_dead_letters",
+                                   "messages dead-lettered at the redelivery cap", ["task"])
+        self.rollback_steps = counter("rollback_steps", "compensations run, by result",
+                                      ["result"])
+        self.rollback_sweeps = counter("rollback_sweeps", "sweeper runs")
+
+    # lease.stats.Observer ------------------------------------------------------------------
+    def counted(self, counter: str, n: int) -> None:
+        if not n:
+            return
+        if counter in self.lease:
+            self.lease[counter].inc(n)
+        elif counter == "renewal_failures":
+            self.lease_renewal_failures.inc(n)
+
+    def renewal(self, rtt: float, margin: float | None) -> None:
+        self.lease_renew_seconds.observe(rtt)
+        if margin is not None:
+            self.lease_margin.set(margin)
+
+    def lost(self, reason: str) -> None:
+        self.lease_lost.labels(lost_reason(reason)).inc()
+
+
+class _Recorder:
+    """`record`: the metrics when set up in this process tree, else None (every call site
+    checks `record.on` first, so a process without METRICS_PORT pays one attribute read)."""
+
+    def __init__(self) -> None:
+        self.on: Metrics | None = None
+
+
+record = _Recorder()
+_state: dict[str, Any] = {}
+
+
+def metrics_dir_root() -> Path:
+    return Path(tempfile.gettempdir()) / "rangekeeper-metrics"
+
+
+def setup(settings: Settings, role: str) -> int | None:
+    """Start exporting for this process and the pool processes it will fork; return the port
+    served, or None when METRICS_PORT is unset. Call before forking."""
+    if settings.metrics_port is None or record.on is not None:
+        return None
+    root = metrics_dir_root()
+    _remove_stale(root)
+    directory = root / f"{role}-{os.getpid()}"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, mode=0o700)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    from prometheus_client import CollectorRegistry, start_http_server, values
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    # `celery` imported prometheus_client already (Flower's command plugin), so its value
+    # class was chosen before the variable was set: choose again, as its own tests do.
+    values.ValueClass = values.get_value_class()
+
+    from lease.stats import set_observer
+
+    record.on = Metrics()
+    set_observer(record.on)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    registry.register(_StateCollector(settings))
+    server, _thread = start_http_server(settings.metrics_port, settings.metrics_address,
+                                        registry=registry)
+    _state.update(directory=directory, server=server)
+    port = int(server.server_address[1])
+    log.info("metrics on http://%s:%d/metrics (%s)", settings.metrics_address, port, role)
+    return port
+
+
+def child_exited(pid: int) -> None:
+    """A pool process ended: its live gauges stop counting."""
+    directory = _state.get("directory")
+    if directory is not None:
+        from prometheus_client.multiprocess import mark_process_dead
+
+        mark_process_dead(pid, str(directory))
+
+
+def shutdown() -> None:
+    """Stop serving and remove this process's directory."""
+    server = _state.pop("server", None)
+    if server is not None:
+        server.shutdown()
+    directory = _state.pop("directory", None)
+    if directory is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR") == str(directory):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _remove_stale(root: Path) -> None:
+    """Remove the directories of processes that are gone (killed before their shutdown)."""
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        pid = entry.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _StateCollector:
+    """Reads the wings' shared state (database, Redis) when scraped."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sources: list[Callable[[Settings], Iterable[Any]]] = []
+        for spec in STATE_SOURCES:
+            module, _, name = spec.partition(":")
+            try:
+                self.sources.append(getattr(importlib.import_module(module), name))
+            except ImportError:
+                log.debug("metrics: no state source %s", spec)
+
+    def collect(self) -> Iterable[Any]:
+        for source in self.sources:
+            try:
+                yield from source(self.settings)
+            except Exception as exc:  # a scrape must not fail because a store is away
+                log.warning("metrics: %s failed: %s", source.__module__, type(exc).__name__)

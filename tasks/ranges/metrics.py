@@ -1,0 +1,44 @@
+"""The range wing's state for Prometheus, read at scrape time (`tasks.metrics`): partitions
+by job and state, and the rows done and planned per job (from the work rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import func, select
+
+from tasks.models import WORK
+from tasks.settings import Settings
+
+__all__ = ["collect"]
+
+
+def collect(settings: Settings) -> Iterable[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from tasks.resources import resources_for
+
+    res = resources_for(settings)
+    w = WORK.c
+    query = (select(w.job, w.status, func.count(), func.sum(w.rows_done),
+                    func.sum(w.hi - w.lo + 1))
+             .where(w.kind == "range").group_by(w.job, w.status))
+    with res.sessions() as session:
+        rows = session.execute(query).all()
+    p = "rangekeeper_range_"
+    parts = GaugeMetricFamily(p + "partitions", "partitions by state", labels=["job", "state"])
+    done = GaugeMetricFamily(p + "rows_done", "rows processed by the job's partitions",
+                             labels=["job"])
+    planned = GaugeMetricFamily(p + "ids_planned", "ids covered by the job's partitions",
+                                labels=["job"])
+    totals: dict[str, list[int]] = {}
+    for job, state, count, rows_done, ids in rows:
+        parts.add_metric([job, state], count)
+        total = totals.setdefault(job, [0, 0])
+        total[0] += int(rows_done or 0)
+        total[1] += int(ids or 0)
+    for job, (rows_done, ids) in totals.items():
+        done.add_metric([job], rows_done)
+        planned.add_metric([job], ids)
+    return [parts, done, planned]

@@ -1,0 +1,49 @@
+"""The restock wing's state for Prometheus, read at scrape time (`tasks.metrics`):
+per node and queue the delay-queue length, the entries due, the unsynced redo log; per node
+the term, whether it is in maintenance, and its dead letters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from tasks.restock.clock import wall_ms
+from tasks.restock.nodes import stock_nodes
+from tasks.restock.status import restock_nodes
+from tasks.settings import Settings
+
+__all__ = ["collect"]
+
+
+def collect(settings: Settings) -> Iterable[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from tasks.resources import resources_for
+
+    res = resources_for(settings)
+    views = restock_nodes(res.sessions, stock_nodes(res), settings.restock_queue_names,
+                          wall_ms())
+    p = "rangekeeper_restock_"
+    queued = GaugeMetricFamily(p + "queued", "entries in the delay queue", labels=["node", "queue"])
+    due = GaugeMetricFamily(p + "due", "delay-queue entries due now", labels=["node", "queue"])
+    unsynced = GaugeMetricFamily(p + "unsynced_log_entries", "redo-log entries not yet synced",
+                                 labels=["node", "queue"])
+    term = GaugeMetricFamily(p + "term", "the node's stock term", labels=["node"])
+    window = GaugeMetricFamily(p + "maintenance", "1 while the node is in maintenance",
+                               labels=["node"])
+    up = GaugeMetricFamily(p + "node_up", "1 if the node answered", labels=["node"])
+    letters = GaugeMetricFamily(p + "node_dead_letters", "dead letters of the node",
+                                labels=["node"])
+    for v in views:
+        node = str(v.node)
+        up.add_metric([node], 0 if v.error else 1)
+        letters.add_metric([node], v.dead_letters)
+        if v.error:
+            continue
+        term.add_metric([node], v.term or 0)
+        window.add_metric([node], 1 if v.maintaining else 0)
+        for queue in v.queued:
+            queued.add_metric([node, queue], v.queued[queue])
+            due.add_metric([node, queue], v.due[queue])
+            unsynced.add_metric([node, queue], v.backlog[queue])
+    return [queued, due, unsynced, term, window, up, letters]

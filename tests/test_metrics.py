@@ -1,0 +1,116 @@
+"""Prometheus metrics (METRICS_PORT) and JSON logs (LOG_FORMAT=json) of real worker processes."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from devtools.embedded import free_port
+from tasks.examples.seed import seed_cm_data
+from tasks.metrics import metrics_dir_root
+from tasks.models import WORK
+from tests.support.db import DATABASES, fresh_database
+from tests.support.redis_server import RedisServer
+from tests.support.workers import celery_call, platform_env, start_worker, wait_until
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    env = dict(worker_env, METRICS_PORT=str(port), CM_DATA_PARTITION_SIZE="1000",
+               CM_DATA_BATCH_SIZE="200", LEASE_TTL="2")
+    engine = fresh_database(env["DATABASE_URL"])
+    seed_cm_data(engine, 3000)
+    worker = start_worker(env, 2)
+    try:
+        before = wait_until(lambda: scrape(port), 30, "the metrics endpoint")
+        assert value(before, "rangekeeper_lease_acquired_total") == 0
+        started = celery_call(env, "tasks.ranges.start", "--args", '["cm_data"]')
+        assert started.returncode == 0, started.stderr
+
+        def all_done() -> bool:
+            with engine.connect() as conn:
+                return conn.execute(select(func.count()).where(
+                    WORK.c.job == "cm_data", WORK.c.status == "done")).scalar() == 3
+
+        wait_until(all_done, 90, "three partitions done")
+
+        def released() -> Samples | None:
+            samples = scrape(port)
+            return samples if value(samples, "rangekeeper_lease_released_total") >= 3 else None
+
+        after = wait_until(released, 30, "the releases counted")
+        pid_dir = metrics_dir_root() / f"worker-{worker.pid}"
+        assert pid_dir.is_dir() and any(pid_dir.iterdir())  # the pool processes' files
+    finally:
+        worker.stop()
+        engine.dispose()
+    # one lease per partition (plus the reconcile rounds' own leases, if any)
+    assert value(after, "rangekeeper_lease_acquired_total") >= 3
+    assert value(after, "rangekeeper_lease_lost_total", reason="expired") == 0
+    assert value(after, "rangekeeper_range_partitions", job="cm_data", state="done") == 3
+    assert value(after, "rangekeeper_range_rows_done", job="cm_data") == 3000
+    assert value(after, "rangekeeper_restock_node_up", node="0") == 1
+    assert not pid_dir.exists()  # removed at shutdown
+
+
+def test_metrics_are_off_without_a_port_and_bad_settings_are_refused(
+    worker_env: dict[str, str]
+) -> None:
+    bad = celery_call(dict(worker_env, METRICS_PORT="99999"), "tasks.health.ping")
+    assert bad.returncode != 0 and "METRICS_PORT='99999' must be a TCP port" in bad.stderr
+    bad = celery_call(dict(worker_env, METRICS_ADDRESS="everywhere"), "tasks.health.ping")
+    assert bad.returncode != 0 and "METRICS_ADDRESS='everywhere'" in bad.stderr
+    bad = celery_call(dict(worker_env, LOG_FORMAT="xml"), "tasks.health.ping")
+    assert bad.returncode != 0 and "LOG_FORMAT" in bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_json_logs_carry_the_task_and_never_a_password(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    client = redis.Redis.from_url(private_redis.url)
+    client.config_set("requirepass", "redis-pw-3141")
+    client.close()
+    redis_url = f"redis://:redis-pw-3141@127.0.0.1:{private_redis.port}/0"
+    # PostgreSQL here trusts loopback, so the password is carried but not checked.
+    db_url = make_url(DATABASES["postgresql"]).set(password="db-pw-2718")
+    fresh_database(db_url.render_as_string(hide_password=False)).dispose()
+    env = platform_env(REDIS_URL=redis_url, DATABASE_URL=db_url.render_as_string(False),
+                       LOG_FORMAT="json")
+    worker = start_worker(env, 1)
+    try:
+        ping = celery_call(env, "tasks.health.ping")
+        assert ping.returncode == 0, ping.stderr
+        task_id = ping.stdout.strip()
+        worker.wait_for(f'"task_id": "{task_id}"', timeout=30)
+        log = worker.output()
+    finally:
+        worker.stop()
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert records and all({"time", "level", "name", "message"} <= r.keys() for r in records)
+    mine = [r for r in records if r.get("task_id") == task_id]
+    assert mine and all(r["task_name"] == "tasks.health.ping" for r in mine)
+    assert "redis-pw-3141" not in log and "db-pw-2718" not in log
