@@ -92,7 +92,8 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
 
     runner = PartitionRunner(
         found, part, sessions=res.sessions, leases=res.leases, lease_ttl=settings.lease_ttl,
-        owner=f"{socket.gethostname()}:{os.getpid()}", shutdown=shutdown_requested,
+        owner=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}",
+        shutdown=shutdown_requested,
         time_slice=settings.range_slice, on_progress=progress,
         crash_cap=settings.redelivery_cap,
     )
