@@ -16,12 +16,13 @@ from typing import Any
 from celery.signals import (
     beat_init,
     worker_init,
+    worker_process_init,
     worker_process_shutdown,
     worker_shutdown,
     worker_shutting_down,
 )
 
-from tasks import metrics
+from tasks import metrics, tracing
 
 __all__ = ["shutdown_requested"]
 
@@ -50,6 +51,19 @@ def _setup_metrics(sender: Any, role: str) -> None:
     settings = getattr(getattr(sender, "app", None), "platform_settings", None)
     if settings is not None:  # a PlatformCelery app (tasks.app)
         metrics.setup(settings, role)
+        if role == "beat":
+            tracing.setup(settings)
+
+
+# Tracing (TRACING=1): in each pool process after the fork, as OpenTelemetry's Celery
+# instrumentation requires.
+@worker_process_init.connect
+def _tracing_for_pool_process(**_: Any) -> None:
+    from celery import current_app
+
+    settings = getattr(current_app, "platform_settings", None)
+    if settings is not None:
+        tracing.setup(settings)
 
 
 @worker_process_shutdown.connect

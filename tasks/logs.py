@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["bind", "use_json", "ContextFields", "FIELDS"]
+__all__ = ["bind", "bound", "on_bind", "use_json", "ContextFields", "FIELDS"]
 
 FIELDS = ("task_id", "task_name", "job", "partition", "fence", "node")
 _NOTHING: Mapping[str, Any] = MappingProxyType({})
@@ -24,10 +24,26 @@ _bound: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "rangekeeper_log", default=_NOTHING)
 
 
+_hooks: list[Callable[[Mapping[str, Any]], None]] = []
+
+
+def on_bind(hook: Callable[[Mapping[str, Any]], None]) -> None:
+    """Call `hook(fields)` at each `bind` (tracing sets them on the current span)."""
+    if hook not in _hooks:
+        _hooks.append(hook)
+
+
+def bound() -> Mapping[str, Any]:
+    """The fields bound here now."""
+    return _bound.get()
+
+
 @contextmanager
 def bind(**fields: Any) -> Iterator[None]:
     """Add `fields` (job, partition, fence, node) to every log record made inside the block."""
     token = _bound.set({**_bound.get(), **fields})
+    for hook in _hooks:
+        hook(fields)
     try:
         yield
     finally:

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import redis
-from sqlalchemy import Engine, create_engine, event
+import sqlalchemy
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
@@ -101,7 +102,8 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
     sleeps. Its lease is gone by then anyway, so its batch must roll back.
     """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+        # sqlalchemy.create_engine looked up at each call: tracing may have instrumented it.
+        engine = sqlalchemy.create_engine(url, connect_args={"timeout": 30}, **kwargs)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
@@ -129,7 +131,7 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
         millis = max(int(idle_timeout * 1000), 1000)
         kwargs.setdefault("connect_args", {})["options"] = (
             f"-c idle_in_transaction_session_timeout={millis} -c lock_timeout={2 * millis}")
-    engine = create_engine(url, pool_pre_ping=True, pool_recycle=1800, **kwargs)
+    engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_recycle=1800, **kwargs)
     if idle_timeout is not None and engine.dialect.name in ("mysql", "mariadb"):
         seconds = max(math.ceil(idle_timeout), 1)
 

@@ -84,6 +84,9 @@ class Settings:
     metrics_address: str = "127.0.0.1"
     # Worker and beat log lines: Celery's text format, or one JSON object per line.
     log_format: str = "text"
+    # OpenTelemetry tracing (the `otel` extra, tasks/tracing.py) and where spans go.
+    tracing: bool = False
+    tracing_exporter: str = "otlp"
 
     @property
     def restock_nodes(self) -> tuple[str, ...]:
@@ -296,6 +299,8 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "metrics_port": ("METRICS_PORT", _port),
     "metrics_address": ("METRICS_ADDRESS", _address),
     "log_format": ("LOG_FORMAT", _one_of("text", "json")),
+    "tracing": ("TRACING", _flag),
+    "tracing_exporter": ("TRACING_EXPORTER", _one_of("otlp", "console")),
 }
 
 
