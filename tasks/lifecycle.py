@@ -48,9 +48,11 @@ def _metrics_for_beat(sender: Any = None, **_: Any) -> None:
 
 
 def _setup_metrics(sender: Any, role: str) -> None:
-    settings = getattr(getattr(sender, "app", None), "platform_settings", None)
+    app: Any = getattr(sender, "app", None)
+    settings = getattr(app, "platform_settings", None)
     if settings is not None:  # a PlatformCelery app (tasks.app)
-        metrics.setup(settings, role)
+        names = [name for name in app.tasks if not name.startswith("celery.")]
+        metrics.setup(settings, role, names)
         if role == "beat":
             tracing.setup(settings)
 

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 PREFIX = "rangekeeper_"
 # Functions `(settings) -> Iterable[Metric]` that read a wing's shared state at scrape time.
 STATE_SOURCES = ("tasks.ranges.metrics:collect", "tasks.restock.metrics:collect")
+# Functions `(metrics, settings)` that create each wing's labelled series at 0 at start, so
+# every series exists (and a dashboard or an alert sees 0, not nothing) before it first moves.
+ZERO_SOURCES = ("tasks.ranges.metrics:zero", "tasks.restock.metrics:zero")
 SECONDS_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -126,9 +129,10 @@ def metrics_dir_root() -> Path:
     return Path(tempfile.gettempdir()) / "rangekeeper-metrics"
 
 
-def setup(settings: Settings, role: str) -> int | None:
+def setup(settings: Settings, role: str, task_names: Iterable[str] = ()) -> int | None:
     """Start exporting for this process and the pool processes it will fork; return the port
-    served, or None when METRICS_PORT is unset. Call before forking."""
+    served, or None when METRICS_PORT is unset. Call before forking. `task_names`: the tasks
+    whose retry and cap series start at 0."""
     if settings.metrics_port is None or record.on is not None:
         return None
     root = metrics_dir_root()
@@ -147,6 +151,7 @@ def setup(settings: Settings, role: str) -> int | None:
     from lease.stats import set_observer
 
     record.on = Metrics()
+    _zero(record.on, settings, task_names)
     set_observer(record.on)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))
@@ -157,6 +162,22 @@ def setup(settings: Settings, role: str) -> int | None:
     port = int(server.server_address[1])
     log.info("metrics on http://%s:%d/metrics (%s)", settings.metrics_address, port, role)
     return port
+
+
+def _zero(m: Metrics, settings: Settings, task_names: Iterable[str]) -> None:
+    for reason in ("refused", "expired", "other"):
+        m.lease_lost.labels(reason)
+    for result in ("compensated", "failed"):
+        m.rollback_steps.labels(result)
+    for name in task_names:
+        m.task_retries.labels(name)
+        m.task_capped.labels(name)
+    for spec in ZERO_SOURCES:
+        module, _, name = spec.partition(":")
+        try:
+            getattr(importlib.import_module(module), name)(m, settings)
+        except ImportError:
+            log.debug("metrics: no zero source %s", spec)
 
 
 def child_exited(pid: int) -> None:

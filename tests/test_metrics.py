@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer
 from tests.support.workers import celery_call, platform_env, start_worker, wait_until
 
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rangekeeper.json"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -74,6 +76,17 @@ def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
     assert value(after, "rangekeeper_range_rows_done", job="cm_data") == 3000
     assert value(after, "rangekeeper_restock_node_up", node="0") == 1
     assert not pid_dir.exists()  # removed at shutdown
+    exported = {name for name, _labels in after}
+    assert dashboard_metrics() - exported == set()
+
+
+def dashboard_metrics() -> set[str]:
+    """Every metric name the Grafana dashboard queries."""
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+    names = {name for expr in exprs for name in re.findall(r"rangekeeper_[a-z_]+", expr)}
+    assert len(names) >= 20, names
+    return names
 
 
 def test_metrics_are_off_without_a_port_and_bad_settings_are_refused(

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from tasks.models import WORK
 from tasks.settings import Settings
 
-__all__ = ["collect"]
+__all__ = ["collect", "zero"]
 
 
 def collect(settings: Settings) -> Iterable[Any]:
@@ -42,3 +42,13 @@ def collect(settings: Settings) -> Iterable[Any]:
         done.add_metric([job], rows_done)
         planned.add_metric([job], ids)
     return [parts, done, planned]
+
+
+def zero(m: Any, settings: Settings) -> None:
+    """Every registered job's series, at 0."""
+    from tasks.ranges.jobs import registered_jobs
+
+    for job in registered_jobs():
+        for metric in (m.range_rows, m.range_batches, m.range_batch_seconds, m.range_batch_size,
+                       m.range_takeovers, m.range_fenced_out, m.range_throttle_wait):
+            metric.labels(job.name)

@@ -12,7 +12,7 @@ from tasks.restock.nodes import stock_nodes
 from tasks.restock.status import restock_nodes
 from tasks.settings import Settings
 
-__all__ = ["collect"]
+__all__ = ["collect", "zero"]
 
 
 def collect(settings: Settings) -> Iterable[Any]:
@@ -47,3 +47,16 @@ def collect(settings: Settings) -> Iterable[Any]:
             due.add_metric([node, queue], v.due[queue])
             unsynced.add_metric([node, queue], v.backlog[queue])
     return [queued, due, unsynced, term, window, up, letters]
+
+
+def zero(m: Any, settings: Settings) -> None:
+    """Every node and queue's series, at 0 (statuses: the replies a drain can count)."""
+    from tasks.restock.replies import ACTIONS, Action
+
+    statuses = [code for code, action in ACTIONS.items()
+                if action in (Action.RESTOCKED, Action.SKIPPED)]
+    for node in range(len(settings.restock_nodes)):
+        for queue in settings.restock_queue_names:
+            m.restock_dead_letters.labels(str(node), queue)
+            for status in statuses:
+                m.restocked.labels(str(node), queue, status)
