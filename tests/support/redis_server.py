@@ -18,9 +18,10 @@ from devtools.embedded import free_port
 class RedisServer:
     """One redis-server process on 127.0.0.1:`port`, with no persistence."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *extra: str) -> None:
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-test-")
+        self.extra = extra  # more redis-server options, e.g. "--cluster-enabled", "yes"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -30,7 +31,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
+             "--appendonly", "no", "--dir", self.dir, *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)

@@ -1,0 +1,129 @@
+"""A Redis Sentinel group of private processes on loopback ports (tests only): one master, one
+replica, three sentinels watching them under the name `mymaster`.
+
+    with sentinel_group() as group:
+        group.sentinel_urls      # "sentinel://127.0.0.1:p1;sentinel://127.0.0.1:p2;..."
+        group.master_client()    # a client that follows the current master
+        group.kill_master()      # SIGKILL the current master, wait for the sentinels' failover
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+from redis.sentinel import Sentinel
+
+from devtools.embedded import free_port
+from tests.support.redis_server import RedisServer
+
+__all__ = ["SentinelGroup", "sentinel_group", "MASTER_NAME"]
+
+MASTER_NAME = "mymaster"
+
+
+class SentinelGroup:
+    def __init__(self) -> None:
+        self.master = RedisServer()
+        self.replica = RedisServer(None, "--replicaof", "127.0.0.1", str(self.master.port))
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+        self.dir = Path(tempfile.mkdtemp(prefix="sentinel-test-"))
+
+    @property
+    def nodes(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", port) for port in self.sentinel_ports]
+
+    @property
+    def sentinel_urls(self) -> str:
+        return ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports)
+
+    def start(self) -> SentinelGroup:
+        self.master.start()
+        self.replica.start()
+        for i, port in enumerate(self.sentinel_ports):
+            conf = self.dir / f"sentinel-{i}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+                f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
+                f"sentinel failover-timeout {MASTER_NAME} 5000\n"
+                f"sentinel parallel-syncs {MASTER_NAME} 1\n")
+            self.sentinels.append(subprocess.Popen(
+                ["redis-server", str(conf), "--sentinel"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self._wait(lambda: self._replica_synced() and self._sentinels_see_master(),
+                   "the replica synced and every sentinel watching")
+        return self
+
+    def sentinel(self) -> Sentinel:
+        return Sentinel(self.nodes, socket_timeout=1.0)
+
+    def master_address(self) -> tuple[str, int]:
+        host, port = self.sentinel().discover_master(MASTER_NAME)
+        return str(host), int(port)
+
+    def master_client(self) -> redis.Redis:
+        return self.sentinel().master_for(MASTER_NAME, socket_timeout=2.0)
+
+    def kill_master(self, timeout: float = 30.0) -> float:
+        """SIGKILL the current master; return the seconds until the sentinels name another."""
+        old = self.master_address()
+        victim = self.master if self.master.port == old[1] else self.replica
+        started = time.monotonic()
+        victim.kill()
+        self._wait(lambda: self._master_is_not(old), "a new master", timeout)
+        return time.monotonic() - started
+
+    def _master_is_not(self, old: tuple[str, int]) -> bool:
+        try:
+            return self.master_address() != old
+        except Exception:
+            return False
+
+    def _replica_synced(self) -> bool:
+        try:
+            info = redis.Redis(port=self.replica.port).info("replication")
+        except redis.ConnectionError:
+            return False
+        return info.get("master_link_status") == "up"
+
+    def _sentinels_see_master(self) -> bool:
+        for port in self.sentinel_ports:
+            try:
+                client = redis.Redis(port=port, socket_timeout=1.0)
+                master = client.sentinel_master(MASTER_NAME)
+                if int(master.get("num-other-sentinels", 0)) < 2:
+                    return False
+            except (redis.ConnectionError, redis.ResponseError):
+                return False
+        return True
+
+    @staticmethod
+    def _wait(predicate: object, what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sentinel group: no {what} in {timeout}s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for proc in self.sentinels:
+            proc.kill()
+            proc.wait()
+        self.master.kill()
+        self.replica.kill()
+
+
+@contextmanager
+def sentinel_group() -> Iterator[SentinelGroup]:
+    group = SentinelGroup()
+    try:
+        yield group.start()
+    finally:
+        group.stop()
