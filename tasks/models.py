@@ -129,7 +129,11 @@ class DeadLetter(Base):
     ref: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text)
     payload: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    # Set once, by `tasks.deadletter.DeadLetters.replay` (a compare-and-set on NULL): when the
+    # letter's task was sent again and under which new task id (migration 0010).
+    replayed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    replay_task_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class ItemState:

@@ -1,0 +1,199 @@
+"""`python -m tasks deadletters list | show ID | replay ID | purge ID | purge --older-than D`.
+
+The store's logic is `tasks.deadletter.DeadLetters`; this module parses, prints and turns the
+store's refusals into one line on stderr and exit code 1 (nothing changed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from tasks.cli.common import cli, fail, open_resources, require_tables
+from tasks.settings import redact
+
+if TYPE_CHECKING:
+    from tasks.deadletter import DeadLetters
+
+__all__ = ["deadletters", "parse_duration", "SHOW_LIMIT"]
+
+# Characters of a payload `show` prints; the rest is counted, not shown.
+SHOW_LIMIT = 4000
+
+# How a replay's publish retries when the broker is away (then the replay is refused).
+SEND_RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.5,
+              "interval_max": 1.0}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `7d`, `12h`, `30m` or `45s`; ValueError naming the accepted forms."""
+    found = _DURATION.match(text)
+    if found is None or float(found.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration: use a positive number followed by "
+                         "s, m, h or d (e.g. 7d, 12h, 30m)")
+    return float(found.group(1)) * _UNIT_S[found.group(2)]
+
+
+class _Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _hints() -> dict[str, str]:
+    """What to do instead of a replay, per kind of letter that keeps no task to send."""
+    from tasks.limits import OVERSIZED_KIND
+    from tasks.ranges.workrow import DEAD_LETTER_KIND as RANGE_KIND
+    from tasks.restock.drain import DEAD_LETTER_KIND as RESTOCK_KIND
+    from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND
+
+    return {
+        RANGE_KIND: "a range partition is resumed, not replayed: fix the cause, then "
+                    "start the job again (tasks.ranges.start)",
+        RESTOCK_KIND: "a restock entry is not a task: give the stock back by hand once the "
+                      "entry's problem is fixed",
+        REBUILD_DEAD_LETTER_KIND: "force a rebuild of the node (tasks.restock.rebuild) once "
+                                  "its cause is fixed",
+        OVERSIZED_KIND: "only the first bytes of the message were kept; send a smaller one",
+        "compensation": "a compensation is not a task: run it by hand with the payload's data",
+    }
+
+
+@contextmanager
+def _store() -> Iterator[DeadLetters]:
+    from tasks.deadletter import DeadLetterError, DeadLetters
+
+    with open_resources() as res:
+        require_tables(res)
+        try:
+            yield DeadLetters(res.sessions)
+        except DeadLetterError as exc:
+            hint = _hints().get(getattr(exc, "kind", ""), "")
+            fail(f"{exc}" + (f" ({hint})" if hint else ""))
+
+
+@cli.group()
+def deadletters() -> None:
+    """List, show, replay and purge dead letters (what failed for good, with its reason)."""
+
+
+@deadletters.command("list")
+@click.option("--kind", default=None, help="only letters of this kind (e.g. task)")
+@click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50,
+              show_default=True, help="newest letters to list")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
+    """The newest dead letters, without their payloads."""
+    from rich.table import Table
+
+    from tasks.status import console_for, quote_text
+
+    with _store() as store:
+        letters = store.recent(limit, kind)
+    if as_json:
+        for s in letters:
+            click.echo(json.dumps({
+                "id": s.id, "kind": s.kind, "ref": s.ref, "reason": s.reason,
+                "created_at": s.created_at.isoformat(),
+                "replayed_at": s.replayed_at.isoformat() if s.replayed_at else None,
+                "replay_task_id": s.replay_task_id}, sort_keys=True))
+        return
+    console = console_for()
+    if not letters:
+        console.print("no dead letters" + (f" of kind {kind!r}" if kind else ""))
+        return
+    table = Table(title=f"newest {len(letters)} dead letters")
+    for column in ("id", "kind", "ref", "created (UTC)", "replayed as", "reason"):
+        table.add_column(column, overflow="fold", justify="right" if column == "id" else "left")
+    for s in letters:
+        table.add_row(str(s.id), s.kind, quote_text(s.ref), f"{s.created_at:%Y-%m-%d %H:%M:%S}",
+                      s.replay_task_id or "-", quote_text(s.reason, 200))
+    console.print(table)
+
+
+@deadletters.command()
+@click.argument("letter_id", metavar="ID", type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="the letter as one JSON object")
+def show(letter_id: int, as_json: bool) -> None:
+    """One letter with its payload (credentials hidden, at most SHOW_LIMIT characters)."""
+    from tasks.deadletter import redact_payload, replay_refusal
+
+    with _store() as store:
+        letter = store.get(letter_id)
+    shown = redact_payload(letter.payload)
+    payload = json.dumps(shown, indent=2, sort_keys=True, default=str)
+    cut = len(payload) > SHOW_LIMIT
+    if cut:
+        payload = f"{payload[:SHOW_LIMIT]}\n... ({len(payload):,} characters, cut)"
+    refusal = replay_refusal(letter.payload)
+    facts = {"id": letter.id, "kind": letter.kind, "ref": letter.ref, "reason": letter.reason,
+             "created_at": letter.created_at.isoformat(),
+             "replayable": refusal is None and letter.replayed_at is None,
+             "replayed_at": letter.replayed_at.isoformat() if letter.replayed_at else None,
+             "replay_task_id": letter.replay_task_id}
+    if as_json:
+        # The payload as an object, or as its cut text when it is longer than SHOW_LIMIT.
+        click.echo(json.dumps({**facts, "payload": payload if cut else shown,
+                               "payload_cut": cut}, sort_keys=True, default=str))
+        return
+    for name, value in facts.items():
+        click.echo(f"{name}: {value}")
+    if refusal is not None:
+        click.echo(f"not replayable: {refusal}")
+    click.echo("payload:")
+    click.echo(payload)
+
+
+@deadletters.command()
+@click.argument("letter_id", metavar="ID", type=click.IntRange(min=1))
+def replay(letter_id: int) -> None:
+    """Send the letter's task again (same name and arguments, new task id); once per letter."""
+    from tasks.app import app
+    from tasks.deadletter import DeadLetterError
+
+    def send(name: str, args: list[Any], kwargs: dict[str, Any], task_id: str) -> None:
+        app.send_task(name, args=args, kwargs=kwargs, task_id=task_id, serializer="json",
+                      retry_policy=SEND_RETRY)
+
+    with _store() as store:
+        try:
+            done = store.replay(letter_id, send)
+        except DeadLetterError:
+            raise
+        except Exception as exc:  # the broker or result backend is away: the claim is undone
+            reason = redact(" ".join(str(exc).split()))[:300]
+            fail(f"dead letter {letter_id}: its task could not be sent ({type(exc).__name__}: "
+                 f"{reason}); the letter is unchanged and can be replayed later")
+    click.echo(f"replayed dead letter {done.letter_id}: {done.task} sent as task {done.task_id}")
+
+
+@deadletters.command()
+@click.argument("letter_id", metavar="[ID]", type=click.IntRange(min=1), required=False)
+@click.option("--older-than", "older_than", type=_Duration(), default=None,
+              help="delete every letter older than this (e.g. 7d, 12h, 30m)")
+def purge(letter_id: int | None, older_than: float | None) -> None:
+    """Delete one letter by ID, or every letter older than --older-than."""
+    if (letter_id is None) == (older_than is None):
+        raise click.UsageError("give either ID or --older-than DURATION (not both)")
+    with _store() as store:
+        if letter_id is not None:
+            store.purge(letter_id)
+            click.echo(f"purged dead letter {letter_id}")
+            return
+        gone = store.prune(older_than or 0.0)
+        click.echo(f"purged {gone:,} dead letters older than {older_than:g}s")
