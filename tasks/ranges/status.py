@@ -1,19 +1,44 @@
-"""`python -m tasks status`, range jobs: every partition of every range job."""
+"""`python -m tasks status`, range jobs: a summary line per job and every partition.
+
+A job's progress is read from its partitions (one query, no scan of the job's table):
+
+- rows done: the rows its partitions processed (`rows_done`, committed with each batch);
+- ids walked of ids planned: the planned id space (`hi - lo + 1` of every partition) is an
+  upper bound of the rows the job can process; a finished partition counts whole, an open one
+  up to its checkpoint;
+- rows/s: the sum of the rates of its running partitions;
+- ETA: the ids left, at the rate ids are being walked (rows/s times ids walked per row done so
+  far). An estimate: it assumes the rest of the table matches the filter as densely as the
+  part already walked. No ETA while nothing runs or nothing has been processed yet.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime
+from importlib import import_module
+from typing import Any
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.models import WORK
+from tasks.models import WORK, PartitionStatus
+from tasks.status import console_for
 
-__all__ = ["PartitionView", "partitions", "render"]
+__all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "render",
+           "jobs_table", "partitions_table", "ranges_json", "format_eta"]
+
+# Consoles narrower than this get the compact partition tables (the wide one needs ~130).
+COMPACT_BELOW = 130
+
+NO_PARTITIONS = ("no range job has partitions yet "
+                 "(start one: celery -A tasks call tasks.ranges.start --args '[\"cm_data\"]')")
 
 
 @dataclass(frozen=True)
@@ -37,6 +62,28 @@ class PartitionView:
         """Claims beyond the first: each one is a handover or a failover."""
         return max(self.claims - 1, 0)
 
+    @property
+    def ids_walked(self) -> int:
+        """Ids of lo..hi behind the partition (all of them once it is finished)."""
+        size = self.hi - self.lo + 1
+        if self.status in (PartitionStatus.DONE, PartitionStatus.EMPTY):
+            return size
+        return min(max(self.checkpoint - self.lo, 0), size)
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One range job's progress, read from its partitions."""
+
+    job: str
+    state: str
+    rows_done: int
+    ids_walked: int
+    ids_planned: int
+    rows_per_s: float
+    eta_s: float | None
+    partitions: dict[str, int]
+
 
 def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[PartitionView]:
     query = select(WORK).where(WORK.c.kind == "range").order_by(WORK.c.job, WORK.c.part)
@@ -48,20 +95,134 @@ def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[
                           r.rate, r.fence, r.claims, r.error, r.heartbeat_at) for r in rows]
 
 
-def render(views: Sequence[PartitionView], console: Console | None = None) -> None:
-    console = console or Console()
+def summarize(views: Sequence[PartitionView],
+              sessions: sessionmaker[Session] | None = None) -> list[JobSummary]:
+    """A summary per job of `views` (the run state from the runs table when there is one)."""
+    by_job: dict[str, list[PartitionView]] = {}
+    for v in views:
+        by_job.setdefault(v.job, []).append(v)
+    run_state = _run_state_reader(sessions)
+    summaries = []
+    for job, parts in by_job.items():
+        states = Counter(v.status for v in parts)
+        rows = sum(v.rows_done for v in parts)
+        walked = sum(v.ids_walked for v in parts)
+        planned = sum(v.hi - v.lo + 1 for v in parts)
+        rate = sum(v.rows_per_s for v in parts if v.status == PartitionStatus.RUNNING)
+        eta = None
+        if rate > 0 and rows > 0 and walked < planned:
+            eta = (planned - walked) / (rate * walked / rows)
+        state = (run_state(job) if run_state else None) or _derived_state(states)
+        summaries.append(JobSummary(job, state, rows, walked, planned, rate, eta,
+                                    dict(sorted(states.items()))))
+    return summaries
+
+
+def _derived_state(states: Counter[str]) -> str:
+    """A job's state when no run is recorded: from its partitions' states."""
+    if states[PartitionStatus.RUNNING]:
+        return "running"
+    open_states = [s for s in states if s not in PartitionStatus.FINISHED]
+    if open_states:
+        return "pending" if set(open_states) == {PartitionStatus.PENDING} else open_states[0]
+    return "failed" if states[PartitionStatus.FAILED] else "done"
+
+
+def _run_state_reader(sessions: sessionmaker[Session] | None
+                      ) -> Callable[[str], str | None] | None:
+    """`current_run(sessions, job).state`, when the run history of this wing is installed."""
+    if sessions is None:
+        return None
+    for module in ("tasks.ranges.runs", "tasks.ranges.controls"):
+        try:
+            current_run = getattr(import_module(module), "current_run", None)
+        except ImportError:
+            continue
+        if current_run is not None:
+            def state(job: str, current_run: Any = current_run) -> str | None:
+                run = current_run(sessions, job)
+                found = getattr(run, "state", None) if run is not None else None
+                return str(found) if found is not None else None
+            return state
+    return None
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes \
+        else f"{secs}s"
+
+
+def jobs_table(summaries: Sequence[JobSummary]) -> Table:
+    table = Table(title="range jobs")
+    for column in ("job", "run", "rows done", "ids walked", "rows/s", "ETA", "partitions"):
+        table.add_column(column, overflow="fold", justify="left" if column in (
+            "job", "run", "partitions") else "right")
+    for s in summaries:
+        share = s.ids_walked / s.ids_planned if s.ids_planned else 1.0
+        table.add_row(s.job, s.state, f"{s.rows_done:,}",
+                      f"{s.ids_walked:,} of {s.ids_planned:,} ({share:.1%})",
+                      f"{s.rows_per_s:,.0f}", format_eta(s.eta_s),
+                      ", ".join(f"{n} {state}" for state, n in s.partitions.items()))
+    return table
+
+
+def partitions_table(views: Sequence[PartitionView], width: int = 10_000) -> RenderableType:
+    """Every partition; on a console narrower than COMPACT_BELOW, one table per job with
+    two-line cells (ids over checkpoint, rows over rate, fence over takeovers)."""
     if not views:
-        console.print("no range job has partitions yet "
-                      "(start one: celery -A tasks call tasks.ranges.start --args '[\"cm_data\"]')")
-        return
+        return Text(NO_PARTITIONS)
+    if width < COMPACT_BELOW:
+        return Group(*(_compact_table(job, [v for v in views if v.job == job])
+                       for job in dict.fromkeys(v.job for v in views)))
     table = Table(title="range partitions")
     for column in ("job", "part", "ids", "state", "owner", "checkpoint", "rows done", "rows/s",
                    "fence", "takeovers"):
-        table.add_column(column, justify="right" if column not in ("job", "state", "owner")
-                         else "left")
+        table.add_column(column, overflow="fold", justify="right" if column not in (
+            "job", "state", "owner") else "left")
     for v in views:
-        state = v.status if v.status != "failed" else f"failed: {v.error}"
-        table.add_row(v.job, str(v.part), f"{v.lo}..{v.hi}", state, v.owner or "-",
+        table.add_row(v.job, str(v.part), f"{v.lo}..{v.hi}", _state(v), v.owner or "-",
                       str(v.checkpoint), str(v.rows_done), f"{v.rows_per_s:,.0f}", str(v.fence),
                       str(v.takeovers))
-    console.print(table)
+    return table
+
+
+def _compact_table(job: str, views: Sequence[PartitionView]) -> Table:
+    table = Table(title=f"partitions of {job}", box=box.SIMPLE_HEAD)
+    for column in ("part", "ids\ncheckpoint", "state", "owner", "rows done\nrows/s",
+                   "fence\ntakeovers"):
+        text = column in ("state", "owner")
+        # Numbers keep their lines whole; the state (an error) and the owner fold.
+        table.add_column(column, overflow="fold", no_wrap=not text,
+                         justify="left" if text else "right")
+    for v in views:
+        table.add_row(str(v.part), f"{v.lo}..{v.hi}\n{v.checkpoint}", _state(v), v.owner or "-",
+                      f"{v.rows_done:,}\n{v.rows_per_s:,.0f}/s", f"{v.fence}\n{v.takeovers}")
+    return table
+
+
+def _state(v: PartitionView) -> str:
+    return v.status if v.status != "failed" else f"failed: {v.error}"
+
+
+def ranges_json(views: Sequence[PartitionView], summaries: Sequence[JobSummary]
+                ) -> dict[str, Any]:
+    def partition(v: PartitionView) -> dict[str, Any]:
+        out = asdict(v)
+        out["heartbeat_at"] = v.heartbeat_at.isoformat() if v.heartbeat_at else None
+        out["takeovers"] = v.takeovers
+        return out
+
+    return {"jobs": [asdict(s) for s in summaries],
+            "partitions": [partition(v) for v in views]}
+
+
+def render(views: Sequence[PartitionView], console: Console | None = None) -> None:
+    console = console or console_for()
+    if views:
+        console.print(jobs_table(summarize(views)))
+    console.print(partitions_table(views, console.width))

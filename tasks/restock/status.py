@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -22,8 +22,9 @@ from tasks.restock.keys import (
     redo_key,
     term_key,
 )
+from tasks.status import console_for
 
-__all__ = ["NodeView", "render_nodes", "restock_nodes"]
+__all__ = ["NodeView", "render_nodes", "restock_nodes", "nodes_table", "nodes_json"]
 
 
 @dataclass(frozen=True)
@@ -101,28 +102,40 @@ def _unsynced(client: Any, stream: str, cursor: bytes | None, length: int) -> in
     return len(after)
 
 
-def render_nodes(views: Sequence[NodeView], now_ms: int, console: Console | None = None) -> None:
-    console = console or Console()
+def nodes_table(views: Sequence[NodeView], now_ms: int) -> Table:
     table = Table(title="restock nodes")
     for column in ("node", "term", "maintenance", "queue", "queued", "due", "unsynced log",
                    "dead letters"):
-        table.add_column(column, justify="left" if column in ("maintenance", "queue")
-                         else "right")
+        table.add_column(column, overflow="fold", justify="left" if column in (
+            "maintenance", "queue") else "right")
     for v in views:
         if v.error is not None:
             table.add_row(str(v.node), "-", f"unreachable: {v.error}", "-", "-", "-", "-",
                           str(v.dead_letters))
             continue
-        if v.maintaining:
-            window = "in maintenance now"
-        elif v.next_maintain_ms is None:
-            window = "never rebuilt: due now"
-        else:
-            window = f"next in {max(v.next_maintain_ms - now_ms, 0) / 1000:,.0f}s"
+        window = _window(v, now_ms)
         for i, queue in enumerate(v.queued):
             first = i == 0
             table.add_row(str(v.node) if first else "", str(v.term) if first else "",
                           window if first else "", queue, str(v.queued[queue]),
                           str(v.due[queue]), str(v.backlog[queue]),
                           str(v.dead_letters) if first else "")
-    console.print(table)
+    return table
+
+
+def _window(v: NodeView, now_ms: int) -> str:
+    if v.maintaining:
+        return "in maintenance now"
+    if v.next_maintain_ms is None:
+        return "never rebuilt: due now"
+    return f"next in {max(v.next_maintain_ms - now_ms, 0) / 1000:,.0f}s"
+
+
+def nodes_json(views: Sequence[NodeView], now_ms: int) -> list[dict[str, Any]]:
+    """Every node as a JSON object (`window` is the maintenance column's text)."""
+    return [{**asdict(v), "window": _window(v, now_ms) if v.error is None else None}
+            for v in views]
+
+
+def render_nodes(views: Sequence[NodeView], now_ms: int, console: Console | None = None) -> None:
+    (console or console_for()).print(nodes_table(views, now_ms))
