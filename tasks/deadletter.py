@@ -201,8 +201,8 @@ class DeadLetters:
                     d.id == letter_id, d.replay_task_id == task_id)
                     .values(replayed_at=None, replay_task_id=None))
             raise
-        log.warning("dead letter %d replayed: %s sent as task %s", letter_id, payload["task"],
-                    task_id)
+        log.info("dead letter %d replayed: %s sent as task %s", letter_id, payload["task"],
+                 task_id)
         return Replay(letter_id, payload["task"], task_id)
 
     def purge(self, letter_id: int) -> None:

@@ -21,7 +21,13 @@ from sqlalchemy.orm import sessionmaker
 from tasks.base import DEAD_LETTERED
 from tasks.cli.deadletters import parse_duration
 from tasks.db import utcnow
-from tasks.deadletter import DeadLetters, redact_payload, replay_refusal
+from tasks.deadletter import (
+    AlreadyReplayed,
+    DeadLetters,
+    LetterNotFound,
+    redact_payload,
+    replay_refusal,
+)
 from tasks.models import DEAD_LETTERS
 from tasks.resources import make_engine
 from tests.support.workers import ROOT, start_worker
@@ -201,3 +207,25 @@ def test_a_failed_send_takes_the_replay_back(migrated: Any) -> None:
     with make_engine(env["DATABASE_URL"]).connect() as conn:
         row = conn.execute(select(DEAD_LETTERS).where(DEAD_LETTERS.c.id == letter)).one()
     assert row.replayed_at is None and row.replay_task_id is None
+
+
+def test_the_store_replays_once_and_purges_on_every_database(engine: Engine) -> None:
+    letters = DeadLetters(sessionmaker(engine))
+    letter = _add(engine, "task", "t-1", {"task": "x.y", "args": [1, "a"], "kwargs": {"k": 2}})
+    sent: list[tuple[Any, ...]] = []
+
+    def broken(*_: Any) -> None:
+        raise ConnectionError("broker away")
+
+    with pytest.raises(ConnectionError):
+        letters.replay(letter, broken)
+    assert letters.get(letter).replayed_at is None  # the claim was taken back
+    done = letters.replay(letter, lambda *a: sent.append(a))
+    assert sent == [("x.y", [1, "a"], {"k": 2}, done.task_id)]
+    with pytest.raises(AlreadyReplayed, match=done.task_id):
+        letters.replay(letter, lambda *a: sent.append(a))
+    assert len(sent) == 1 and letters.get(letter).replay_task_id == done.task_id
+    letters.purge(letter)
+    with pytest.raises(LetterNotFound):
+        letters.purge(letter)
+    assert letters.counts() == {}

@@ -42,6 +42,14 @@ def parse_duration(text: str) -> float:
     return float(found.group(1)) * _UNIT_S[found.group(2)]
 
 
+def _spoken(seconds: float) -> str:
+    """`seconds` in the largest unit that divides it (604800 -> 7d)."""
+    for unit, size in sorted(_UNIT_S.items(), key=lambda item: -item[1]):
+        if seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 class _Duration(click.ParamType):
     name = "DURATION"
 
@@ -196,4 +204,4 @@ def purge(letter_id: int | None, older_than: float | None) -> None:
             click.echo(f"purged dead letter {letter_id}")
             return
         gone = store.prune(older_than or 0.0)
-        click.echo(f"purged {gone:,} dead letters older than {older_than:g}s")
+        click.echo(f"purged {gone:,} dead letters older than {_spoken(older_than or 0.0)}")
