@@ -202,7 +202,9 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
 
         def finished() -> dict[str, Any] | None:
             [job] = json.loads(status_cli(env, "--json").stdout)["jobs"]
-            return job if job["state"] == "done" else None
+            # "succeeded" from the run history (tasks.ranges.runs), else "done" from the
+            # partitions' states.
+            return job if job["state"] in ("done", "succeeded") else None
 
         job = wait_until(finished, 90, "the job done")
     finally:
@@ -210,6 +212,7 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
         app.close()
     assert job["rows_done"] == 2000 and job["ids_walked"] == job["ids_planned"] == 2000
     assert job["eta_s"] is None
+    assert job["state"] == ("done" if job["run"] is None else "succeeded")
 
 
 def _parent(pid: int) -> int:
@@ -221,3 +224,32 @@ def _sessions(engine: Engine) -> Any:
     from sqlalchemy.orm import sessionmaker
 
     return sessionmaker(engine)
+
+
+def test_piped_watch_prints_one_snapshot_after_another(migrated: Any) -> None:
+    env, engine = migrated
+    _plan(engine)
+    proc = subprocess.Popen([sys.executable, "-m", "tasks", "status", "--watch", "0.3"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    stamps: list[str] = []
+    try:
+        while len(stamps) < 2:
+            line = proc.stdout.readline().decode()
+            assert line, proc.stderr.read().decode() if proc.stderr else ""
+            if line.startswith("status at "):
+                stamps.append(line)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err
+
+
+def test_a_job_without_partitions_is_named(migrated: Any) -> None:
+    env, engine = migrated
+    _plan(engine)
+    run = status_cli(env, "--job", "nope")
+    assert run.returncode == 0
+    assert "range job 'nope' has no partitions (never started, or no such job)" in run.stdout
+    assert JOB not in run.stdout

@@ -88,7 +88,7 @@ def _snapshot(res: Resources, job: str | None, width: int) -> RenderableType:
 
     views, summaries, (nodes, letters), now = _views(res, job)
     parts = [jobs_table(summaries)] if summaries else []
-    return Group(*parts, partitions_table(views, width), nodes_table(nodes, now),
+    return Group(*parts, partitions_table(views, width, job), nodes_table(nodes, now),
                  letters_renderable(letters))
 
 
@@ -103,13 +103,26 @@ def _snapshot_json(res: Resources, job: str | None) -> dict[str, Any]:
 
 
 def _watch(console: Console, snapshot: Callable[[], RenderableType], every: float) -> None:
-    """Redraw `snapshot()` every `every` seconds in place until Ctrl-C."""
+    """Redraw `snapshot()` every `every` seconds in place until Ctrl-C; piped, print one
+    snapshot after another (a live display would only show the last)."""
+    from rich.console import Group
     from rich.live import Live
+    from rich.text import Text
+
+    from tasks.db import utcnow
+
+    def stamped() -> RenderableType:
+        return Group(Text(f"status at {utcnow():%Y-%m-%d %H:%M:%S} UTC, every {every:g}s "
+                          "(Ctrl-C to stop)"), snapshot())
 
     try:
-        with Live(snapshot(), console=console, auto_refresh=False) as live:
+        if not console.is_terminal:
+            while True:
+                console.print(stamped())
+                time.sleep(every)
+        with Live(stamped(), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(every)
-                live.update(snapshot(), refresh=True)
+                live.update(stamped(), refresh=True)
     except KeyboardInterrupt:
         pass

@@ -28,6 +28,7 @@ from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.db import utcnow
 from tasks.models import WORK, PartitionStatus
 from tasks.status import console_for
 
@@ -56,6 +57,8 @@ class PartitionView:
     claims: int
     error: str | None
     heartbeat_at: datetime | None
+    # Until when the holder waits for the job's throttle before its next batch (None: not).
+    throttled_until: datetime | None = None
 
     @property
     def takeovers(self) -> int:
@@ -83,6 +86,8 @@ class JobSummary:
     rows_per_s: float
     eta_s: float | None
     partitions: dict[str, int]
+    run: int | None = None  # the current run's id, when the job has a run history
+    throttle_rows_per_s: float | None = None  # the run's rows/s cap (None: not throttled)
 
 
 def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[PartitionView]:
@@ -92,16 +97,18 @@ def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[
     with sessions() as session:
         rows = session.execute(query).all()
     return [PartitionView(r.job, r.part, r.lo, r.hi, r.status, r.owner, r.next_id, r.rows_done,
-                          r.rate, r.fence, r.claims, r.error, r.heartbeat_at) for r in rows]
+                          r.rate, r.fence, r.claims, r.error, r.heartbeat_at,
+                          getattr(r, "throttled_until", None)) for r in rows]
 
 
 def summarize(views: Sequence[PartitionView],
               sessions: sessionmaker[Session] | None = None) -> list[JobSummary]:
-    """A summary per job of `views` (the run state from the runs table when there is one)."""
+    """A summary per job of `views` (the run's state and throttle from the run history when
+    `sessions` is given and the job has a run)."""
     by_job: dict[str, list[PartitionView]] = {}
     for v in views:
         by_job.setdefault(v.job, []).append(v)
-    run_state = _run_state_reader(sessions)
+    current_run = _run_reader(sessions)
     summaries = []
     for job, parts in by_job.items():
         states = Counter(v.status for v in parts)
@@ -112,9 +119,11 @@ def summarize(views: Sequence[PartitionView],
         eta = None
         if rate > 0 and rows > 0 and walked < planned:
             eta = (planned - walked) / (rate * walked / rows)
-        state = (run_state(job) if run_state else None) or _derived_state(states)
-        summaries.append(JobSummary(job, state, rows, walked, planned, rate, eta,
-                                    dict(sorted(states.items()))))
+        run = current_run(job) if current_run is not None else None
+        state = getattr(run, "state", None) or _derived_state(states)
+        summaries.append(JobSummary(job, str(state), rows, walked, planned, rate, eta,
+                                    dict(sorted(states.items())), getattr(run, "id", None),
+                                    getattr(run, "rows_per_s", None)))
     return summaries
 
 
@@ -128,23 +137,18 @@ def _derived_state(states: Counter[str]) -> str:
     return "failed" if states[PartitionStatus.FAILED] else "done"
 
 
-def _run_state_reader(sessions: sessionmaker[Session] | None
-                      ) -> Callable[[str], str | None] | None:
-    """`current_run(sessions, job).state`, when the run history of this wing is installed."""
+def _run_reader(sessions: sessionmaker[Session] | None) -> Callable[[str], Any] | None:
+    """`job -> current_run(sessions, job)` from the wing's run history (`tasks.ranges.runs`,
+    looked up by name so this view also works on a schema without it), or None."""
     if sessions is None:
         return None
-    for module in ("tasks.ranges.runs", "tasks.ranges.controls"):
-        try:
-            current_run = getattr(import_module(module), "current_run", None)
-        except ImportError:
-            continue
-        if current_run is not None:
-            def state(job: str, current_run: Any = current_run) -> str | None:
-                run = current_run(sessions, job)
-                found = getattr(run, "state", None) if run is not None else None
-                return str(found) if found is not None else None
-            return state
-    return None
+    try:
+        current_run = getattr(import_module("tasks.ranges.runs"), "current_run", None)
+    except ImportError:
+        return None
+    if current_run is None:
+        return None
+    return lambda job: current_run(sessions, job)
 
 
 def format_eta(seconds: float | None) -> str:
@@ -164,18 +168,22 @@ def jobs_table(summaries: Sequence[JobSummary]) -> Table:
             "job", "run", "partitions") else "right")
     for s in summaries:
         share = s.ids_walked / s.ids_planned if s.ids_planned else 1.0
-        table.add_row(s.job, s.state, f"{s.rows_done:,}",
-                      f"{s.ids_walked:,} of {s.ids_planned:,} ({share:.1%})",
-                      f"{s.rows_per_s:,.0f}", format_eta(s.eta_s),
+        cap = f" (cap {s.throttle_rows_per_s:,.0f})" if s.throttle_rows_per_s else ""
+        table.add_row(s.job, s.state if s.run is None else f"{s.state} (run {s.run})",
+                      f"{s.rows_done:,}", f"{s.ids_walked:,} of {s.ids_planned:,} ({share:.1%})",
+                      f"{s.rows_per_s:,.0f}{cap}", format_eta(s.eta_s),
                       ", ".join(f"{n} {state}" for state, n in s.partitions.items()))
     return table
 
 
-def partitions_table(views: Sequence[PartitionView], width: int = 10_000) -> RenderableType:
-    """Every partition; on a console narrower than COMPACT_BELOW, one table per job with
-    two-line cells (ids over checkpoint, rows over rate, fence over takeovers)."""
+def partitions_table(views: Sequence[PartitionView], width: int = 10_000,
+                     job: str | None = None) -> RenderableType:
+    """Every partition (of `job`, when given); on a console narrower than COMPACT_BELOW, one
+    table per job with two-line cells (ids over checkpoint, rows over rate, fence over
+    takeovers)."""
     if not views:
-        return Text(NO_PARTITIONS)
+        return Text(NO_PARTITIONS if job is None else
+                    f"range job {job!r} has no partitions (never started, or no such job)")
     if width < COMPACT_BELOW:
         return Group(*(_compact_table(job, [v for v in views if v.job == job])
                        for job in dict.fromkeys(v.job for v in views)))
@@ -206,14 +214,22 @@ def _compact_table(job: str, views: Sequence[PartitionView]) -> Table:
 
 
 def _state(v: PartitionView) -> str:
-    return v.status if v.status != "failed" else f"failed: {v.error}"
+    if v.status == PartitionStatus.FAILED:
+        return f"failed: {v.error}"
+    if v.status == PartitionStatus.RUNNING and v.throttled_until is not None:
+        wait = (v.throttled_until - utcnow()).total_seconds()
+        if wait > 0:
+            return f"running, throttled {wait:,.1f}s"
+    return v.status
 
 
 def ranges_json(views: Sequence[PartitionView], summaries: Sequence[JobSummary]
                 ) -> dict[str, Any]:
     def partition(v: PartitionView) -> dict[str, Any]:
         out = asdict(v)
-        out["heartbeat_at"] = v.heartbeat_at.isoformat() if v.heartbeat_at else None
+        for name in ("heartbeat_at", "throttled_until"):
+            value = getattr(v, name)
+            out[name] = value.isoformat() if value else None
         out["takeovers"] = v.takeovers
         return out
 
