@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_REDIS_DB = 14
 OUR_TABLES = ("cm_data", "work_items", "schedules", "dead_letters", "rollback_journal",
               "rollback_owners", "skus", "orders", "order_items", "payments", "restock_nodes",
-              "alembic_version")
+              "range_runs", "range_run_events", "alembic_version")
 
 
 @dataclass

@@ -12,6 +12,12 @@ else spells a prefix. Lease names below become keys through `lease.keys.lease_ke
     lease range:JOB:PART          one partition of a range job is owned by one worker
     schedule range:JOB            the reconcile round of one range job (a database row name)
     lease beat:leader             the one beat that ticks
+    range-control:{JOB}           a range job's controls for its runners: hash of `state`
+                                  (paused | cancelled) and `rate` (rows/s); no TTL: copied
+                                  from the job's run row by every reconcile round, deleted
+                                  (its fields) by resume, start and `throttle JOB 0`
+    range-throttle:{JOB}          the job's throttle (GCRA theoretical arrival time, ms); PX
+                                  set to just past that time by gate.lua
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from __future__ import annotations
 __all__ = [
     "DELIVERIES_PREFIX", "HANDOVER_PREFIX", "RANGE_PREFIX", "BEAT_LEADER",
     "deliveries_key", "handover_key", "journal_lease_name", "range_lease_name",
-    "range_schedule_name", "job_of_schedule",
+    "range_schedule_name", "job_of_schedule", "RANGE_CONTROL_PREFIX", "RANGE_THROTTLE_PREFIX",
+    "range_control_key", "range_throttle_key",
 ]
 
 DELIVERIES_PREFIX = "deliveries:"
@@ -27,6 +34,8 @@ HANDOVER_PREFIX = "rollback-handover:"
 JOURNAL_PREFIX = "journal:"
 RANGE_PREFIX = "range:"
 BEAT_LEADER = "beat:leader"
+RANGE_CONTROL_PREFIX = "range-control:"
+RANGE_THROTTLE_PREFIX = "range-throttle:"
 
 
 def deliveries_key(task_id: str) -> str:
@@ -52,3 +61,12 @@ def range_schedule_name(job: str) -> str:
 
 def job_of_schedule(name: str) -> str:
     return name.removeprefix(RANGE_PREFIX)
+
+
+def range_control_key(job: str) -> str:
+    """The job's control hash (hash tag: the job, shared with its throttle key)."""
+    return f"{RANGE_CONTROL_PREFIX}{{{job}}}"
+
+
+def range_throttle_key(job: str) -> str:
+    return f"{RANGE_THROTTLE_PREFIX}{{{job}}}"

@@ -1,6 +1,7 @@
 """SQLAlchemy 2 models, one MetaData (`Base.metadata`) for every table:
 
     work_items, schedules      range jobs (partitions and their reconcile rounds)
+    range_runs, range_run_events    range jobs' runs and who asked for each control (issue 11)
     cm_data                    the example job's table
     dead_letters               every wing's dead letters
     skus, orders, order_items, payments, restock_nodes    restock
@@ -30,7 +31,8 @@ from tasks.db import utcnow
 
 __all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus",
            "WORK", "SCHEDULES", "CM_DATA", "DeadLetter",
-           "DEAD_LETTERS", "ItemState", "Sku", "Order", "OrderItem", "Payment", "RestockNode",
+           "DEAD_LETTERS", "RunState", "RangeRun", "RangeRunEvent", "RANGE_RUNS",
+           "RANGE_RUN_EVENTS", "ItemState", "Sku", "Order", "OrderItem", "Payment", "RestockNode",
            "SKUS", "ORDERS", "ORDER_ITEMS", "PAYMENTS", "RESTOCK_NODES"]
 
 
@@ -42,6 +44,9 @@ class PartitionStatus:
     DONE = "done"
     EMPTY = "empty"
     FAILED = "failed"
+    # Stopped by `tasks.ranges.pause` or `cancel` at a batch boundary; never dispatched while
+    # so (resume sets it back to pending). Neither open nor finished.
+    PAUSED = "paused"
 
     FINISHED = (DONE, EMPTY, FAILED)
     OPEN = (PENDING, RUNNING)
@@ -87,6 +92,9 @@ class WorkItem(Base):
     rate: Mapped[float] = mapped_column(default=0.0)
     crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     settled_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # Set while the holder waits for the job's throttle (rows/s cap or `throttle_on`) before
+    # its next batch; cleared by the next checkpoint (migration 0011).
+    throttled_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class Schedule(Base):
@@ -116,6 +124,57 @@ class CmData(Base):
     payload: Mapped[str] = mapped_column(String(255), default="")
     processed_count: Mapped[int] = mapped_column(Integer, default=0)
     processed_fence: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class RunState:
+    """The states of a range job's run. Running and paused runs are live; the others ended."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    LIVE = (RUNNING, PAUSED)
+    ENDED = (CANCELLED, SUCCEEDED, FAILED)
+
+
+class RangeRun(Base):
+    """One run of a range job, from `tasks.ranges.start` until every partition finished
+    (succeeded, or failed if one failed) or it was cancelled (`tasks.ranges.runs`).
+
+    `rows_base` is the job's `work_items.rows_done` total when the run opened, so `rows` (set
+    when the run ends) counts this run's rows only. `rows_per_s` is the throttle in force
+    (None: none); the source of truth the reconciler copies to Redis each round.
+    """
+
+    __tablename__ = "range_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(String(128), index=True)
+    state: Mapped[str] = mapped_column(String(16), default=RunState.RUNNING)
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    rows_base: Mapped[int] = mapped_column(BigInteger, default=0)
+    rows_per_s: Mapped[float | None] = mapped_column(nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RangeRunEvent(Base):
+    """The audit of a run: which verb (start, pause, resume, cancel, retry-failed, throttle,
+    and the reconciler's succeeded/failed/reopened), asked by whom (`user@host` of the CLI,
+    `task:ID` of a Celery task, `reconciler`), when, with what detail."""
+
+    __tablename__ = "range_run_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(Integer, index=True)
+    job: Mapped[str] = mapped_column(String(128))
+    verb: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(255))
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class DeadLetter(Base):
@@ -219,6 +278,8 @@ WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
 CM_DATA = cast(Table, CmData.__table__)
 DEAD_LETTERS = cast(Table, DeadLetter.__table__)
+RANGE_RUNS = cast(Table, RangeRun.__table__)
+RANGE_RUN_EVENTS = cast(Table, RangeRunEvent.__table__)
 SKUS = cast(Table, Sku.__table__)
 ORDERS = cast(Table, Order.__table__)
 ORDER_ITEMS = cast(Table, OrderItem.__table__)

@@ -160,6 +160,7 @@ KEY_OWNERS = {
     "lease-wake:": "lease/keys.py",
     "deliveries:": "tasks/keys.py", "rollback-handover:": "tasks/keys.py",
     "journal:": "tasks/keys.py", "range:": "tasks/keys.py", "beat:leader": "tasks/keys.py",
+    "range-control:": "tasks/keys.py", "range-throttle:": "tasks/keys.py",
     "stock:": "tasks/restock/keys.py", "deducted:": "tasks/restock/keys.py",
     "term:": "tasks/restock/keys.py", "meta:": "tasks/restock/keys.py",
     "redo:": "tasks/restock/keys.py", "redo-cursor:": "tasks/restock/keys.py",

@@ -84,6 +84,11 @@ class RangeJob:
     batch_size: int = 1000
     parallelism: int = 1
     columns: tuple[str, ...] = field(default=())
+    # Range-job controls (issue 11, tasks.ranges.gate): a cluster-wide cap in rows per second
+    # each run starts with (`tasks.ranges.throttle` changes it), and a callable asked before
+    # each batch whose truthy answer (e.g. replication lag too high) makes the run wait.
+    rows_per_s: float | None = None
+    throttle_on: Callable[[RangeJob], object] | None = None
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
@@ -93,6 +98,8 @@ class RangeJob:
         for attr in ("partition_size", "batch_size", "parallelism"):
             if getattr(self, attr) <= 0:
                 raise ValueError(f"range job {self.name}: {attr} must be positive")
+        if self.rows_per_s is not None and not 0 <= self.rows_per_s < float("inf"):
+            raise ValueError(f"range job {self.name}: rows_per_s must be a finite number >= 0")
         for column in (self.id_column, *self.columns):
             if column not in self.table.c:
                 raise ValueError(f"range job {self.name}: table {self.table.name} has no "

@@ -25,6 +25,7 @@ class Outcome:
     LOST = "lost"  # the lease was lost between batches; back to pending
     UNAVAILABLE = "db-unavailable"  # the database stayed away; left running for a takeover
     REDIS_UNAVAILABLE = "redis-unavailable"  # Redis was away; back to pending if possible
+    PAUSED = S.PAUSED  # the job was paused or cancelled: stopped at a batch boundary
 
 
 @dataclass

@@ -14,6 +14,11 @@ so a newer round's compare-and-set waits for an in-flight write of the older one
         so A stops; it neither plans (no IntegrityError) nor dispatches
 
 Failover after a crash therefore takes at most the lease TTL plus one reconcile interval.
+
+Controls (issue 11): a round first reads the job's run (`runs.enforce`) and copies its state
+and throttle to Redis, so a flushed Redis cannot un-pause a job; a paused or cancelled job's
+round dispatches nothing. A round that ran ends with `runs.settle_run`: the run succeeds or
+fails once every partition finished.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ from lease.keys import lease_key
 from tasks.db import affected, utcnow
 from tasks.keys import RANGE_PREFIX, job_of_schedule
 from tasks.keys import range_schedule_name as schedule_name
-from tasks.models import SCHEDULES, WORK
+from tasks.models import SCHEDULES, WORK, RunState
 from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.planning import StoredPlan, plan_after
+from tasks.ranges.runs import enforce, settle_run
 
 __all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs"]
 
@@ -60,6 +66,8 @@ class Round:
     late: int = 0
     settled: int = 0
     overtaken: bool = False  # a newer round won the term while this one ran: it stopped
+    held: str | None = None  # the run is paused or cancelled: the round dispatched nothing
+    run: str | None = None  # the state the round moved the job's run to (succeeded, ...)
 
 
 def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
@@ -138,6 +146,9 @@ def reconcile_job(
     it was not dispatched within `grace` seconds (a queued message may still be on its way).
     A finished partition is checked for late commits once, `settle` seconds after it finished.
     """
+    state = enforce(sessions, client, job.name)
+    if state in (RunState.PAUSED, RunState.CANCELLED):
+        return Round(job.name, ran=False, held=state)
     term = _win_round(sessions, schedule_name(job.name), interval)
     if term is None:
         return Round(job.name, ran=False)
@@ -152,6 +163,7 @@ def reconcile_job(
     if dispatched is None:
         return _overtaken(result)
     result.dispatched = dispatched
+    result.run = settle_run(sessions, job.name)
     if result.planned or result.reopened or result.dispatched or result.late:
         log.info("reconcile %s: planned %d, reopened %d, late commits in %d, dispatched %s",
                  job.name, result.planned, result.reopened, result.late, result.dispatched)

@@ -33,6 +33,7 @@ from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
 from tasks.db import is_redis_away, is_transient
 from tasks.models import PartitionStatus as S
 from tasks.ranges.batches import Batches
+from tasks.ranges.gate import Gate
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared, Outcome, Progress, UnknownPartition
 from tasks.ranges.planning import Partition
@@ -97,6 +98,8 @@ class PartitionRunner:
         row = self.row.load()
         if row.status in S.FINISHED:
             return Outcome.FINISHED
+        if row.status == S.PAUSED:
+            return Outcome.PAUSED
         try:
             lease = self.leases.acquire(self.job.lease_name(self.part), ttl=self.lease_ttl,
                                         fence_floor=row.fence)
@@ -145,11 +148,21 @@ class PartitionRunner:
 
     def _loop(self, lease: Lease, batches: Batches, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""
+        gate = Gate(self.leases.client, self.job, self.lease_ttl,
+                    note=lambda seconds: self.row.note_throttled(lease.fence, seconds))
+        rows_before = batches.rows_done
         while True:
             if self.shutdown.is_set() or self.clock() - batches.started > self.time_slice:
                 self.row.release_to_pending(lease.fence)
                 return Outcome.HANDED_OVER
             lease.check()
+            stop = gate.before_batch(lease, batches.rows_done - rows_before)
+            rows_before = batches.rows_done
+            if stop is not None:
+                log.info("range %s part %s: %s; stopping after the last batch", self.job.name,
+                         self.part, stop)
+                self.row.park(lease.fence)
+                return Outcome.PAUSED
             step = self._with_retries(lease, batches.step, lease.fence, pool)
             if isinstance(step, str):
                 return step

@@ -1,6 +1,9 @@
-"""Celery tasks of range jobs: `start`, `reconcile` (beat) and `run_partition`.
+"""Celery tasks of range jobs: `start`, `reconcile` (beat), `run_partition`, and the controls
+`pause`, `resume`, `cancel`, `retry_failed`, `throttle` (`tasks.ranges.controls`).
 
     celery -A tasks call tasks.ranges.start --args '["cm_data"]'
+    celery -A tasks call tasks.ranges.pause --args '["cm_data"]'
+    celery -A tasks call tasks.ranges.throttle --args '["cm_data", 2000]'
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from redis.exceptions import RedisError
 
 from tasks.app import app, settings
 from tasks.lifecycle import shutdown_requested
+from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
 from tasks.ranges.reconciler import Round, activate, active_jobs, reconcile_job
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.resources import resources_for
 
-__all__ = ["start", "reconcile", "run_partition", "PROGRESS"]
+__all__ = ["start", "reconcile", "run_partition", "PROGRESS", "pause", "resume", "cancel",
+           "retry_failed", "throttle", "controls", "start_job"]
 
 # Custom task state shown by Flower while a partition runs.
 PROGRESS = "PROGRESS"
@@ -46,17 +51,65 @@ def _round(job_name: str) -> Round:
 
 def _report(r: Round) -> dict[str, Any]:
     return {"job": r.job, "ran": r.ran, "planned": r.planned, "reopened": r.reopened,
-            "late": r.late, "dispatched": r.dispatched, "overtaken": r.overtaken}
+            "late": r.late, "dispatched": r.dispatched, "overtaken": r.overtaken,
+            "held": r.held, "run_state": r.run}
 
 
-@app.task(name="tasks.ranges.start")
-def start(job: str) -> dict[str, Any]:
-    """Start or resume range job `job`: activate it, reset failed partitions, reconcile now."""
+def controls() -> Controls:
+    """The range-job controls on this process's resources (the CLI uses them too)."""
+    res = resources_for(settings)
+    return Controls(res.sessions, res.redis, lambda job: _report(_round(job)))
+
+
+def _actor(task: Task) -> str:
+    return f"task:{task.request.id}" if task.request.id else "task:eager"
+
+
+def start_job(job: str, actor: str) -> dict[str, Any]:
+    """Start range job `job` (a new run unless one is running; a paused run is refused):
+    activate it, reset failed partitions, reconcile now. The CLI's `jobs start` too."""
     found = get_job(job)
+    opened = controls().start(found.name, actor)
     reset = activate(resources_for(settings).sessions, found)
     report = _report(_round(found.name))
-    report["reset_failed"] = reset
+    report.update(reset_failed=reset, **opened)
     return report
+
+
+@app.task(name="tasks.ranges.start", bind=True)
+def start(self: Task, job: str) -> dict[str, Any]:
+    """Start range job `job`: see `start_job`."""
+    return start_job(job, _actor(self))
+
+
+@app.task(name="tasks.ranges.pause", bind=True)
+def pause(self: Task, job: str) -> dict[str, Any]:
+    """Pause `job`: each running partition commits its batch, releases its lease, is paused."""
+    return controls().pause(job, _actor(self))
+
+
+@app.task(name="tasks.ranges.resume", bind=True)
+def resume(self: Task, job: str) -> dict[str, Any]:
+    """Resume a paused `job`: its paused partitions are dispatched at once."""
+    return controls().resume(job, _actor(self))
+
+
+@app.task(name="tasks.ranges.cancel", bind=True)
+def cancel(self: Task, job: str) -> dict[str, Any]:
+    """Cancel `job`'s run (pause, and the run ends); `start` begins a new run afterwards."""
+    return controls().cancel(job, _actor(self))
+
+
+@app.task(name="tasks.ranges.retry_failed", bind=True)
+def retry_failed(self: Task, job: str) -> dict[str, Any]:
+    """Failed partitions of `job` go back to pending, keeping their checkpoints."""
+    return controls().retry_failed(job, _actor(self))
+
+
+@app.task(name="tasks.ranges.throttle", bind=True)
+def throttle(self: Task, job: str, rows_per_s: float) -> dict[str, Any]:
+    """Cap `job` at `rows_per_s` rows per second over all its partitions (0 lifts the cap)."""
+    return controls().throttle(job, rows_per_s, _actor(self))
 
 
 @app.task(name="tasks.ranges.reconcile")

@@ -14,6 +14,7 @@ dead-lettered instead of run again (`dead_letter`).
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Update, bindparam, case, select, update
@@ -91,7 +92,7 @@ class WorkRow:
                 .values(next_id=bindparam("checkpoint"),
                         rows_done=WORK.c.rows_done + bindparam("batch_rows"),
                         heartbeat_at=bindparam("now"), rate=bindparam("rows_per_s"),
-                        crashes=0))
+                        crashes=0, throttled_until=None))
 
     def finish(self, conn: Connection, fence: int, scanned: int) -> str:
         """Mark the row done (or empty when no row was processed), in the transaction of the
@@ -112,6 +113,19 @@ class WorkRow:
         """Hand the row back (the holder stops on purpose); the reconciler dispatches it."""
         with self.sessions.begin() as session:
             session.execute(self.guard(fence).values(status=S.PENDING, owner=None))
+
+    def park(self, fence: int) -> None:
+        """The job was paused or cancelled: the holder stops between batches; the reconciler
+        dispatches the row again only after `resume` (or a new run)."""
+        with self.sessions.begin() as session:
+            session.execute(self.guard(fence).values(status=S.PAUSED, owner=None,
+                                                     throttled_until=None))
+
+    def note_throttled(self, fence: int, seconds: float) -> None:
+        """Show in the row that its holder waits `seconds` for the job's throttle."""
+        with self.sessions.begin() as session:
+            session.execute(self.guard(fence).values(
+                throttled_until=utcnow() + timedelta(seconds=seconds), heartbeat_at=utcnow()))
 
     def release_quietly(self, fence: int) -> None:
         """Best effort: a holder that stops without crashing says so (it is no crash)."""

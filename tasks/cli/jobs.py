@@ -1,0 +1,156 @@
+"""`python -m tasks jobs start|pause|resume|cancel|retry-failed|throttle|runs JOB ...`.
+
+The controls are `tasks.ranges.controls.Controls`, the same code the Celery tasks
+(`tasks.ranges.pause` ...) run; this module parses, prints, and turns a refusal (unknown job,
+bad rate, a run in no state for the verb) into one line on stderr and exit code 1, having
+changed nothing. Each control is recorded with `user@host` as the one who asked.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from tasks.cli.common import cli, fail, open_resources, require_tables
+
+__all__ = ["jobs", "actor"]
+
+
+def actor() -> str:
+    """Who asks from this terminal: `user@host`."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for this uid (a container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@cli.group()
+def jobs() -> None:
+    """Range-job controls (pause, resume, cancel, retry-failed, throttle) and run history."""
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """A refusal or an unreachable Redis ends the command with one line and exit code 1."""
+    from redis.exceptions import RedisError
+
+    from tasks.validate import InvalidArguments
+
+    try:
+        yield
+    except InvalidArguments as exc:
+        fail(str(exc))
+    except (RedisError, OSError) as exc:
+        fail(f"cannot reach Redis (REDIS_URL): {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _control(verb: Callable[..., dict[str, Any]], *args: Any) -> None:
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        report = verb(*args, actor())
+        shown = {k: v for k, v in report.items() if k not in ("job", "run", "state")
+                 and v not in (None, False, 0, [])}
+        extra = ", ".join(f"{k} {v}" for k, v in shown.items())
+        click.echo(f"{report['job']} run {report['run']}: {report.get('state', 'running')}"
+                   + (f" ({extra})" if extra else ""))
+
+
+def _load_jobs() -> None:
+    """Register the jobs a worker knows: import the app's task modules (EXTRA_TASK_MODULES
+    included), as `celery -A tasks worker` does."""
+    from tasks.app import app
+
+    app.loader.import_default_modules()
+
+
+def _controls() -> Any:
+    from tasks.ranges.tasks import controls
+
+    _load_jobs()
+    return controls()
+
+
+@jobs.command()
+@click.argument("job")
+def start(job: str) -> None:
+    """Start JOB: a new run unless one is running (what tasks.ranges.start does)."""
+    from tasks.ranges.tasks import start_job
+
+    _load_jobs()
+    _control(start_job, job)
+
+
+@jobs.command()
+@click.argument("job")
+def pause(job: str) -> None:
+    """Pause JOB: running partitions commit their batch, release their lease, are paused."""
+    _control(_controls().pause, job)
+
+
+@jobs.command()
+@click.argument("job")
+def resume(job: str) -> None:
+    """Resume a paused JOB: its partitions are dispatched at once."""
+    _control(_controls().resume, job)
+
+
+@jobs.command()
+@click.argument("job")
+def cancel(job: str) -> None:
+    """Cancel JOB's run; `start` afterwards begins a new run from the job's filter."""
+    _control(_controls().cancel, job)
+
+
+@jobs.command("retry-failed")
+@click.argument("job")
+def retry_failed(job: str) -> None:
+    """Failed partitions of JOB go back to pending, keeping their checkpoints."""
+    _control(_controls().retry_failed, job)
+
+
+@jobs.command(context_settings={"ignore_unknown_options": True})
+@click.argument("job")
+@click.argument("rows_per_s")
+def throttle(job: str, rows_per_s: str) -> None:
+    """Cap JOB at ROWS_PER_S rows per second over all its workers (0 lifts the cap)."""
+    _control(lambda j, who: _controls().throttle(j, rows_per_s, who), job)
+
+
+@jobs.command()
+@click.argument("job")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000),
+              help="How many runs, newest first.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (runs and events).")
+def runs(job: str, limit: int, as_json: bool) -> None:
+    """The run history of JOB: state, times, rows, throttle, and who asked for what."""
+    from tasks.ranges.jobs import get_job
+    from tasks.ranges.runs import events_of, runs_of
+
+    _load_jobs()
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        name = get_job(job).name
+        found = runs_of(res.sessions, name, limit)
+        events = events_of(res.sessions, [r.id for r in found])
+    if as_json:
+        click.echo(json.dumps({"job": name, "runs": [
+            {**r.as_dict(), "events": [e.as_dict() for e in events[r.id]]} for r in found]}))
+        return
+    if not found:
+        click.echo(f"{name}: no runs yet (start it: python -m tasks jobs start {name})")
+        return
+    for r in found:
+        d = r.as_dict()
+        cap = f"{r.rows_per_s:g} rows/s" if r.rows_per_s else "-"
+        click.echo(f"run {r.id}  {r.state:<9}  started {d['started_at']}  finished "
+                   f"{d['finished_at'] or '-'}  rows {r.rows}  throttle {cap}")
+        for e in events[r.id]:
+            click.echo(f"    {e.as_dict()['at']}  {e.verb:<12} by {e.actor}"
+                       + (f"  ({e.detail})" if e.detail else ""))

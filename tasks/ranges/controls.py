@@ -1,0 +1,192 @@
+"""The controls of a range job's run, one function per verb, shared by the Celery tasks
+(`tasks.ranges.pause` ...) and the operator CLI (`python -m tasks jobs pause JOB` ...):
+
+    start         open a run (a cancelled run's partitions are planned anew)
+    pause         every running partition commits its batch, releases its lease, is `paused`
+    resume        paused partitions -> pending, dispatched at once
+    cancel        like pause, and the run ends; `start` begins a new one from the job's filter
+    retry-failed  failed partitions -> pending, from their checkpoints
+    throttle      the run's cap in rows per second over all its partitions (0 lifts it)
+
+Each one checks its arguments and the run's state first and refuses with `ControlRefused`
+(an `InvalidArguments`) having changed nothing; then, in one transaction, compare-and-sets
+the run's state, moves the partitions and records who asked (`range_run_events`); then copies
+the run's state to the job's Redis control hash, which the runners read before each batch
+(`tasks.ranges.gate`). The reconciler copies it again every round (`runs.enforce`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from tasks.db import affected, utcnow
+from tasks.keys import range_schedule_name
+from tasks.models import SCHEDULES, WORK, RunState
+from tasks.models import PartitionStatus as S
+from tasks.ranges.jobs import get_job
+from tasks.ranges.runs import (
+    Run,
+    change_state,
+    current_run,
+    open_run,
+    park_unleased,
+    record,
+    write_flags,
+)
+from tasks.validate import InvalidArguments, quote
+
+__all__ = ["Controls", "ControlRefused", "VERBS", "MAX_RATE", "validate_rate"]
+
+VERBS = ("pause", "resume", "cancel", "retry-failed", "throttle")
+MAX_RATE = 1e9  # rows per second: anything above is a typo
+
+# Runs one reconcile round of the job now, so what a control set pending is dispatched at
+# once instead of at the next interval; returns the round's report.
+Kick = Callable[[str], dict[str, Any]]
+
+
+class ControlRefused(InvalidArguments):
+    """The run is in no state for this control (or changed under it); nothing was changed."""
+
+
+def validate_rate(value: object) -> float:
+    """Rows per second: a finite number from 0 (no throttle) to MAX_RATE."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidArguments(f"rows_per_s must be a number, got {quote(value)}")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise InvalidArguments(f"rows_per_s must be a number, got {quote(value)}") from None
+    if not math.isfinite(rate) or not 0 <= rate <= MAX_RATE:
+        raise InvalidArguments(f"rows_per_s must be between 0 (no throttle) and {MAX_RATE:g}, "
+                               f"got {quote(value)}")
+    return rate
+
+
+@dataclass
+class Controls:
+    """The verbs, on one database, one Redis (the control hashes) and one way to `kick`."""
+
+    sessions: sessionmaker[Session]
+    client: Any
+    kick: Kick
+
+    def start(self, job: str, actor: str) -> dict[str, Any]:
+        """Open a run of `job` unless one is running (a paused run must be resumed or
+        cancelled first); after a cancelled run the job's partitions are planned anew."""
+        name = get_job(job).name
+        run = current_run(self.sessions, name)
+        if run is not None and run.state == RunState.PAUSED:
+            raise ControlRefused(f"start {name}: run {run.id} is paused; resume it "
+                                 "(tasks.ranges.resume) or cancel it first")
+        with self.sessions.begin() as session:
+            if run is not None and run.state == RunState.RUNNING:
+                record(session, run.id, name, "start", actor, "already running")
+                return {"run": run.id, "replanned": 0}
+            replanned = 0
+            if run is not None and run.state == RunState.CANCELLED:
+                replanned = affected(session.execute(delete(WORK).where(
+                    WORK.c.kind == "range", WORK.c.job == name)))
+            run_id = open_run(session, name, actor, get_job(name).rows_per_s)
+        write_flags(self.client, current_run(self.sessions, name))
+        return {"run": run_id, "replanned": replanned}
+
+    def pause(self, job: str, actor: str) -> dict[str, Any]:
+        run = self._run(job, "pause", (RunState.RUNNING,))
+        with self.sessions.begin() as session:
+            self._change(session, run, "pause", RunState.PAUSED)
+            parked = self._move(session, run.job, S.PENDING, S.PAUSED)
+            record(session, run.id, run.job, "pause", actor)
+        return self._after(run, RunState.PAUSED, parked=parked + self._park(run))
+
+    def resume(self, job: str, actor: str) -> dict[str, Any]:
+        run = self._run(job, "resume", (RunState.PAUSED,))
+        with self.sessions.begin() as session:
+            self._change(session, run, "resume", RunState.RUNNING)
+            resumed = self._move(session, run.job, S.PAUSED, S.PENDING)
+            self._due_now(session, run.job)
+            record(session, run.id, run.job, "resume", actor)
+        report = self._after(run, RunState.RUNNING, resumed=resumed)
+        report["dispatched"] = self.kick(run.job).get("dispatched", [])
+        return report
+
+    def cancel(self, job: str, actor: str) -> dict[str, Any]:
+        run = self._run(job, "cancel", RunState.LIVE)
+        with self.sessions.begin() as session:
+            self._change(session, run, "cancel", RunState.CANCELLED)
+            parked = self._move(session, run.job, S.PENDING, S.PAUSED)
+            record(session, run.id, run.job, "cancel", actor)
+        return self._after(run, RunState.CANCELLED, parked=parked + self._park(run))
+
+    def retry_failed(self, job: str, actor: str) -> dict[str, Any]:
+        run = self._run(job, "retry-failed", (*RunState.LIVE, RunState.FAILED))
+        to = S.PAUSED if run.state == RunState.PAUSED else S.PENDING
+        with self.sessions.begin() as session:
+            retried = self._move(session, run.job, S.FAILED, to, error=None, crashes=0,
+                                 finished_at=None)
+            if not retried:
+                raise ControlRefused(f"retry-failed {run.job}: run {run.id} has no failed "
+                                     "partitions")
+            if run.state == RunState.FAILED:
+                self._change(session, run, "retry-failed", RunState.RUNNING)
+            if to == S.PENDING:
+                self._due_now(session, run.job)
+            record(session, run.id, run.job, "retry-failed", actor, f"partitions={retried}")
+        state = RunState.PAUSED if to == S.PAUSED else RunState.RUNNING
+        report = self._after(run, state, retried=retried)
+        if to == S.PENDING:
+            report["dispatched"] = self.kick(run.job).get("dispatched", [])
+        return report
+
+    def throttle(self, job: str, rows_per_s: object, actor: str) -> dict[str, Any]:
+        rate = validate_rate(rows_per_s)
+        run = self._run(job, "throttle", RunState.LIVE)
+        with self.sessions.begin() as session:
+            self._change(session, run, "throttle", run.state, rows_per_s=rate)
+            record(session, run.id, run.job, "throttle", actor, f"rows_per_s={rate:g}")
+        return self._after(run, run.state, rows_per_s=rate)
+
+    def _run(self, job: str, verb: str, allowed: tuple[str, ...]) -> Run:
+        """The job's latest run, if its state allows `verb`; `ControlRefused` otherwise."""
+        name = get_job(job).name
+        run = current_run(self.sessions, name)
+        if run is None:
+            raise ControlRefused(f"{verb} {name}: the job has no run; start it first "
+                                 "(tasks.ranges.start)")
+        if run.state not in allowed:
+            raise ControlRefused(f"{verb} {name}: run {run.id} is {run.state} (allowed when "
+                                 f"{' or '.join(allowed)})")
+        return run
+
+    @staticmethod
+    def _change(session: Session, run: Run, verb: str, to: str, **values: Any) -> None:
+        if not change_state(session, run, to, **values):
+            raise ControlRefused(f"{verb} {run.job}: run {run.id} changed while this control "
+                                 "ran; nothing was changed, try again")
+
+    @staticmethod
+    def _move(session: Session, job: str, old: str, new: str, **values: Any) -> int:
+        """Partitions of `job` in state `old` -> `new` (how many)."""
+        return affected(session.execute(update(WORK).where(
+            WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == old)
+            .values(status=new, dispatched_at=None, **values)))
+
+    @staticmethod
+    def _due_now(session: Session, job: str) -> None:
+        """The job's reconcile round is due at once (and beat reconciles it again)."""
+        session.execute(update(SCHEDULES).where(SCHEDULES.c.name == range_schedule_name(job))
+                        .values(next_run_at=utcnow(), active=True))
+
+    def _park(self, run: Run) -> int:
+        return park_unleased(self.sessions, self.client, run.job)
+
+    def _after(self, run: Run, state: str, **report: Any) -> dict[str, Any]:
+        """Copy the run's new state to Redis; the control's report."""
+        write_flags(self.client, current_run(self.sessions, run.job))
+        return {"job": run.job, "run": run.id, "state": state, **report}

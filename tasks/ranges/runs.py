@@ -1,0 +1,238 @@
+"""The runs of a range job (`range_runs`) and the audit of their controls (`range_run_events`).
+
+A run opens with `tasks.ranges.start` and ends when the reconciler finds every partition
+finished (succeeded; failed if one failed) or with `tasks.ranges.cancel`. The run row is the
+source of truth for the job's controls; each reconcile round copies its state and throttle to
+the job's Redis control hash (`write_flags`), which the runners read once per batch, so a
+Redis flush or restart cannot un-pause a job for longer than one reconcile interval.
+
+Every state change is a compare-and-set on the state read (`change_state`), so a control and
+the reconciler's end-of-run check never both win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from lease.keys import lease_key
+from tasks.db import affected, utcnow
+from tasks.keys import range_control_key, range_lease_name, range_schedule_name
+from tasks.models import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
+from tasks.models import PartitionStatus as S
+
+__all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
+           "change_state", "run_rows", "write_flags", "enforce", "settle_run", "RECONCILER"]
+
+RECONCILER = "reconciler"  # the actor of the events the reconciler records
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as `current_run` and `runs_of` return it (`rows`: this run's rows so far)."""
+
+    id: int
+    job: str
+    state: str
+    started_at: datetime
+    finished_at: datetime | None
+    rows: int
+    rows_per_s: float | None
+    rows_base: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run": self.id, "job": self.job, "state": self.state,
+                "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+                "rows": self.rows, "rows_per_s": self.rows_per_s}
+
+
+@dataclass(frozen=True)
+class Event:
+    run_id: int
+    verb: str
+    actor: str
+    at: datetime
+    detail: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verb": self.verb, "actor": self.actor, "at": _iso(self.at),
+                "detail": self.detail}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") + "Z" if value is not None else None
+
+
+def run_rows(session: Session, job: str) -> int:
+    """The job's rows processed over all its partitions' lives (`work_items.rows_done`)."""
+    return int(session.execute(select(func.coalesce(func.sum(WORK.c.rows_done), 0)).where(
+        WORK.c.kind == "range", WORK.c.job == job)).scalar_one())
+
+
+def _run(session: Session, row: Any) -> Run:
+    rows = row.rows
+    if row.state in RunState.LIVE:
+        rows = run_rows(session, row.job) - row.rows_base
+    return Run(row.id, row.job, row.state, row.started_at, row.finished_at, max(int(rows), 0),
+               row.rows_per_s, row.rows_base)
+
+
+def current_run(sessions: sessionmaker[Session], job: str) -> Run | None:
+    """The job's latest run (state, rows, started_at...), or None if it never ran."""
+    with sessions() as session:
+        row = session.execute(select(RANGE_RUNS).where(RANGE_RUNS.c.job == job)
+                              .order_by(RANGE_RUNS.c.id.desc()).limit(1)).first()
+        return _run(session, row) if row is not None else None
+
+
+def runs_of(sessions: sessionmaker[Session], job: str, limit: int = 20) -> list[Run]:
+    """The job's latest `limit` runs, newest first."""
+    with sessions() as session:
+        rows = session.execute(select(RANGE_RUNS).where(RANGE_RUNS.c.job == job)
+                               .order_by(RANGE_RUNS.c.id.desc()).limit(limit)).all()
+        return [_run(session, row) for row in rows]
+
+
+def events_of(sessions: sessionmaker[Session], run_ids: list[int]) -> dict[int, list[Event]]:
+    """The events of each run, oldest first."""
+    found: dict[int, list[Event]] = {run_id: [] for run_id in run_ids}
+    if not run_ids:
+        return found
+    with sessions() as session:
+        for r in session.execute(select(RANGE_RUN_EVENTS).where(
+                RANGE_RUN_EVENTS.c.run_id.in_(run_ids)).order_by(RANGE_RUN_EVENTS.c.id)):
+            found[r.run_id].append(Event(r.run_id, r.verb, r.actor, r.at, r.detail))
+    return found
+
+
+def record(session: Session, run_id: int, job: str, verb: str, actor: str,
+           detail: str | None = None) -> None:
+    """Add an event to the run's audit (in the caller's transaction)."""
+    session.execute(insert(RANGE_RUN_EVENTS).values(
+        run_id=run_id, job=job, verb=verb, actor=actor[:255], detail=detail, at=utcnow()))
+
+
+def open_run(session: Session, job: str, actor: str, rows_per_s: float | None) -> int:
+    """A new running run of `job` (in the caller's transaction); its id."""
+    now = utcnow()
+    result = session.execute(insert(RANGE_RUNS).values(
+        job=job, state=RunState.RUNNING, started_at=now, rows=0,
+        rows_base=run_rows(session, job), rows_per_s=rows_per_s, updated_at=now))
+    key = cast(CursorResult[Any], result).inserted_primary_key
+    assert key is not None
+    run_id = int(key[0])
+    record(session, run_id, job, "start", actor,
+           f"rows_per_s={rows_per_s:g}" if rows_per_s else None)
+    return run_id
+
+
+def change_state(session: Session, run: Run, to: str, **values: Any) -> bool:
+    """Compare-and-set the run's state from `run.state` to `to`; an ended run gets its
+    finished time and its final rows. False if someone changed it first."""
+    values.update(state=to, updated_at=utcnow())
+    if to in RunState.ENDED:
+        values.update(finished_at=utcnow(), rows=run_rows(session, run.job) - run.rows_base)
+    elif to in RunState.LIVE:
+        values.setdefault("finished_at", None)
+    return affected(session.execute(update(RANGE_RUNS).where(
+        RANGE_RUNS.c.id == run.id, RANGE_RUNS.c.state == run.state).values(**values))) == 1
+
+
+def write_flags(client: Any, run: Run | None) -> None:
+    """Copy the run's control state and throttle to the job's control hash (one round trip);
+    fields with nothing to say are deleted (and the hash with its last field)."""
+    if run is None:
+        return
+    key = range_control_key(run.job)
+    stop = run.state if run.state in (RunState.PAUSED, RunState.CANCELLED) else None
+    rate = run.rows_per_s if run.state in RunState.LIVE and run.rows_per_s else None
+    values = {"state": stop, "rate": rate}
+    gone = [field for field, value in values.items() if value is None]
+    fields = {field: value for field, value in values.items() if value is not None}
+    with client.pipeline(transaction=True) as pipe:
+        if gone:
+            pipe.hdel(key, *gone)
+        if fields:
+            pipe.hset(key, mapping=fields)
+        pipe.execute()
+
+
+def _statuses(session: Session, job: str) -> dict[str, int]:
+    return {status: int(n) for status, n in session.execute(
+        select(WORK.c.status, func.count()).where(WORK.c.kind == "range", WORK.c.job == job)
+        .group_by(WORK.c.status)).all()}
+
+
+def park_unleased(sessions: sessionmaker[Session], client: Any, job: str) -> int:
+    """Running partitions of a paused or cancelled job whose lease nobody holds (their holder
+    died or lost it) become paused: the holder's fenced writes need `running`, so a holder
+    that wakes up writes nothing. Returns how many were parked."""
+    with sessions() as session:
+        running = session.execute(select(WORK.c.part, WORK.c.fence).where(
+            WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == S.RUNNING)).all()
+    if not running:
+        return 0
+    with client.pipeline(transaction=False) as pipe:
+        for r in running:
+            pipe.exists(lease_key(range_lease_name(job, r.part)))
+        held = pipe.execute()
+    parked = 0
+    with sessions.begin() as session:
+        for r, h in zip(running, held, strict=True):
+            if not h:
+                parked += affected(session.execute(update(WORK).where(
+                    WORK.c.kind == "range", WORK.c.job == job, WORK.c.part == r.part,
+                    WORK.c.fence == r.fence, WORK.c.status == S.RUNNING)
+                    .values(status=S.PAUSED, owner=None, throttled_until=None)))
+    return parked
+
+
+def enforce(sessions: sessionmaker[Session], client: Any, job: str) -> str | None:
+    """A reconcile round's first step: the job's run state (None: no run recorded), copied
+    to Redis; a paused or cancelled job's dead holders' partitions are parked, and a
+    cancelled job with nothing running any more stops being reconciled."""
+    run = current_run(sessions, job)
+    write_flags(client, run)
+    if run is None or run.state not in (RunState.PAUSED, RunState.CANCELLED):
+        return run.state if run is not None else None
+    park_unleased(sessions, client, job)
+    if run.state == RunState.CANCELLED:
+        with sessions.begin() as session:
+            if not _statuses(session, job).get(S.RUNNING):
+                session.execute(update(SCHEDULES).where(
+                    SCHEDULES.c.name == range_schedule_name(job)).values(active=False))
+    return run.state
+
+
+def settle_run(sessions: sessionmaker[Session], job: str) -> str | None:
+    """A reconcile round's last step: a running run whose partitions all finished ends
+    (succeeded, or failed if one failed); an ended run whose partitions reopened (late
+    commits, growth) runs again; paused partitions of a running run (a pause that lost a
+    race with resume) go back to pending. Returns the state it moved the run to, if any."""
+    run = current_run(sessions, job)
+    if run is None or run.state not in (RunState.RUNNING, RunState.SUCCEEDED, RunState.FAILED):
+        return None
+    with sessions.begin() as session:
+        counts = _statuses(session, job)
+        open_parts = sum(counts.get(s, 0) for s in (*S.OPEN, S.PAUSED))
+        if run.state == RunState.RUNNING:
+            if counts.get(S.PAUSED):
+                session.execute(update(WORK).where(
+                    WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == S.PAUSED)
+                    .values(status=S.PENDING, dispatched_at=None))
+            if open_parts:
+                return None
+            to = RunState.FAILED if counts.get(S.FAILED) else RunState.SUCCEEDED
+        elif open_parts:
+            to = RunState.RUNNING
+        else:
+            return None
+        if not change_state(session, run, to):
+            return None
+        record(session, run.id, job, "reopened" if to == RunState.RUNNING else to, RECONCILER,
+               ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return to
