@@ -1,0 +1,103 @@
+"""Range-job throttles on real prefork workers (issue 11): a cluster-wide cap in rows per second
+shared by every worker (one gate.lua call per batch), lifted by `throttle JOB 0`; and a job's
+`throttle_on`, whose wait keeps the partitions' leases alive.
+
+The jobs are the control test jobs of tests.support.control_jobs (partitions of 5000 rows,
+batches of 200).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from tasks.examples.seed import seed_cm_data
+from tasks.models import PartitionStatus as S
+from tests.ranges.cluster import Platform
+from tests.ranges.control_support import (
+    control_platform,
+    holders,
+    idle,
+    jobs_cli,
+    processed,
+)
+from tests.support.workers import celery_call, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+CAP = 2000.0  # rows per second: cm_throttled's declared rows_per_s
+
+
+def _start(cluster: Platform, job: str) -> None:
+    sent = celery_call(cluster.env, "tasks.ranges.start", "--args", f'["{job}"]')
+    assert sent.returncode == 0, sent.stderr
+
+
+def _time_to(engine: Engine, rows: int, timeout: float) -> tuple[float, int]:
+    """When at least `rows` rows were processed (polled every 20 ms), and how many by then."""
+    deadline = time.monotonic() + timeout
+    while (done := processed(engine)) < rows:
+        assert time.monotonic() < deadline, f"{done} of {rows} rows after {timeout}s"
+        time.sleep(0.02)
+    return time.monotonic(), done
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "mariadb"])
+def test_a_cap_of_2000_rows_per_s_holds_over_two_workers_and_lifting_it_restores_speed(
+        engine: Engine, platform: Callable[..., Platform]) -> None:
+    seed_cm_data(engine, 24_000)
+    cluster = control_platform(platform)
+    cluster.worker("a")
+    cluster.worker("b")
+    cluster.beat()
+    _start(cluster, "cm_throttled")
+    t_a, done_a = _time_to(engine, 1000, 60)
+    t_b, done_b = _time_to(engine, 7000, 60)
+    rate = (done_b - done_a) / (t_b - t_a)
+    assert abs(rate - CAP) <= 0.1 * CAP, f"{rate:.0f} rows/s under a cap of {CAP:g}"
+    assert sum(p.status == S.RUNNING for p in cluster.parts()) == 2  # both workers shared it
+    lifted = jobs_cli(cluster, "throttle", "cm_throttled", "0")
+    assert lifted.returncode == 0, lifted.stderr
+    t_c, done_c = time.monotonic(), processed(engine)
+    assert done_c < 24_000 - 1000, "too few rows left to measure the lifted rate"
+    cluster.wait_finished(timeout=60)
+    rate_after = (24_000 - done_c) / (time.monotonic() - t_c)
+    assert rate_after > 2 * CAP, f"{rate_after:.0f} rows/s after the cap was lifted"
+    cluster.assert_exactly_once(24_000)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_throttle_on_holds_the_job_without_losing_its_leases_and_pause_stops_the_wait(
+        engine: Engine, platform: Callable[..., Platform], tmp_path: Path) -> None:
+    seed_cm_data(engine, 10_000)
+    gate = tmp_path / "gate"
+    gate.touch()
+    cluster = control_platform(platform, TEST_GATE_FILE=str(gate))
+    cluster.worker("a")
+    cluster.worker("b")
+    cluster.beat()
+    _start(cluster, "cm_gated")
+    wait_until(lambda: sorted(holders(cluster, "cm_gated")) == [0, 1], 60,
+               "both partitions leased")
+    before = {p.part: p.fence for p in cluster.parts()}
+    time.sleep(3 * 1.5)  # three lease TTLs: leases that were not renewed would have lapsed
+    parts = cluster.parts()
+    assert processed(engine) == 0
+    assert sorted(holders(cluster, "cm_gated")) == [0, 1]
+    assert all(p.status == S.RUNNING and p.claims == 1 and p.fence == before[p.part]
+               and p.throttled_until is not None for p in parts), parts
+    paused = jobs_cli(cluster, "pause", "cm_gated")
+    assert paused.returncode == 0, paused.stderr
+    asked = time.monotonic()
+    wait_until(lambda: idle(cluster, "cm_gated"), 30, "the waiting partitions paused")
+    # One wait slice (a quarter of the 1.5 s TTL) and the poll's 0.1 s, with room for load.
+    assert time.monotonic() - asked <= 1.5
+    gate.unlink()
+    resumed = jobs_cli(cluster, "resume", "cm_gated")
+    assert resumed.returncode == 0, resumed.stderr
+    cluster.wait_finished()
+    cluster.assert_exactly_once(10_000)
