@@ -54,4 +54,9 @@ def main(argv: list[str]) -> int:
         return 1
     except SystemExit as exc:  # a command's own exit code
         return int(exc.code or 0)
+    except BrokenPipeError:  # `python -m tasks status | head`: the reader has what it wants
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0
