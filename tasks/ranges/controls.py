@@ -38,6 +38,7 @@ from tasks.ranges.runs import (
     park_unleased,
     record,
     write_flags,
+    writing,
 )
 from tasks.validate import InvalidArguments, quote
 
@@ -85,7 +86,7 @@ class Controls:
         if run is not None and run.state == RunState.PAUSED:
             raise ControlRefused(f"start {name}: run {run.id} is paused; resume it "
                                  "(tasks.ranges.resume) or cancel it first")
-        with self.sessions.begin() as session:
+        with writing(self.sessions) as session:
             if run is not None and run.state == RunState.RUNNING:
                 record(session, run.id, name, "start", actor, "already running")
                 return {"run": run.id, "replanned": 0}
@@ -99,7 +100,7 @@ class Controls:
 
     def pause(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "pause", (RunState.RUNNING,))
-        with self.sessions.begin() as session:
+        with writing(self.sessions) as session:
             self._change(session, run, "pause", RunState.PAUSED)
             parked = self._move(session, run.job, S.PENDING, S.PAUSED)
             record(session, run.id, run.job, "pause", actor)
@@ -107,7 +108,7 @@ class Controls:
 
     def resume(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "resume", (RunState.PAUSED,))
-        with self.sessions.begin() as session:
+        with writing(self.sessions) as session:
             self._change(session, run, "resume", RunState.RUNNING)
             resumed = self._move(session, run.job, S.PAUSED, S.PENDING)
             self._due_now(session, run.job)
@@ -118,7 +119,7 @@ class Controls:
 
     def cancel(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "cancel", RunState.LIVE)
-        with self.sessions.begin() as session:
+        with writing(self.sessions) as session:
             self._change(session, run, "cancel", RunState.CANCELLED)
             parked = self._move(session, run.job, S.PENDING, S.PAUSED)
             record(session, run.id, run.job, "cancel", actor)
@@ -127,7 +128,7 @@ class Controls:
     def retry_failed(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "retry-failed", (*RunState.LIVE, RunState.FAILED))
         to = S.PAUSED if run.state == RunState.PAUSED else S.PENDING
-        with self.sessions.begin() as session:
+        with writing(self.sessions) as session:
             retried = self._move(session, run.job, S.FAILED, to, error=None, crashes=0,
                                  finished_at=None)
             if not retried:
@@ -147,7 +148,7 @@ class Controls:
     def throttle(self, job: str, rows_per_s: object, actor: str) -> dict[str, Any]:
         rate = validate_rate(rows_per_s)
         run = self._run(job, "throttle", RunState.LIVE)
-        with self.sessions.begin() as session:
+        with writing(self.sessions) as session:
             self._change(session, run, "throttle", run.state, rows_per_s=rate)
             record(session, run.id, run.job, "throttle", actor, f"rows_per_s={rate:g}")
         return self._after(run, run.state, rows_per_s=rate)

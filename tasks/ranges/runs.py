@@ -12,6 +12,8 @@ the reconciler's end-of-run check never both win.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -20,13 +22,14 @@ from sqlalchemy import CursorResult, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
-from tasks.db import affected, utcnow
+from tasks.db import WRITE_INTENT, affected, utcnow
 from tasks.keys import range_control_key, range_lease_name, range_schedule_name
 from tasks.models import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.models import PartitionStatus as S
 
 __all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
-           "change_state", "run_rows", "write_flags", "enforce", "settle_run", "RECONCILER"]
+           "change_state", "run_rows", "write_flags", "enforce", "settle_run", "RECONCILER",
+           "writing", "park_unleased"]
 
 RECONCILER = "reconciler"  # the actor of the events the reconciler records
 
@@ -61,6 +64,15 @@ class Event:
     def as_dict(self) -> dict[str, Any]:
         return {"verb": self.verb, "actor": self.actor, "at": _iso(self.at),
                 "detail": self.detail}
+
+
+@contextmanager
+def writing(sessions: sessionmaker[Session]) -> Iterator[Session]:
+    """A write transaction that takes SQLite's write lock up front (BEGIN IMMEDIATE), so it
+    waits for a batch in flight instead of failing with "database is locked"."""
+    with sessions.begin() as session:
+        session.connection(execution_options=WRITE_INTENT)
+        yield session
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -181,7 +193,7 @@ def park_unleased(sessions: sessionmaker[Session], client: Any, job: str) -> int
             pipe.exists(lease_key(range_lease_name(job, r.part)))
         held = pipe.execute()
     parked = 0
-    with sessions.begin() as session:
+    with writing(sessions) as session:
         for r, h in zip(running, held, strict=True):
             if not h:
                 parked += affected(session.execute(update(WORK).where(
@@ -201,7 +213,7 @@ def enforce(sessions: sessionmaker[Session], client: Any, job: str) -> str | Non
         return run.state if run is not None else None
     park_unleased(sessions, client, job)
     if run.state == RunState.CANCELLED:
-        with sessions.begin() as session:
+        with writing(sessions) as session:
             if not _statuses(session, job).get(S.RUNNING):
                 session.execute(update(SCHEDULES).where(
                     SCHEDULES.c.name == range_schedule_name(job)).values(active=False))
@@ -216,7 +228,7 @@ def settle_run(sessions: sessionmaker[Session], job: str) -> str | None:
     run = current_run(sessions, job)
     if run is None or run.state not in (RunState.RUNNING, RunState.SUCCEEDED, RunState.FAILED):
         return None
-    with sessions.begin() as session:
+    with writing(sessions) as session:
         counts = _statuses(session, job)
         open_parts = sum(counts.get(s, 0) for s in (*S.OPEN, S.PAUSED))
         if run.state == RunState.RUNNING:
