@@ -46,6 +46,18 @@ def private_redis() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture
+def amqp_url() -> Iterator[str]:
+    """A RabbitMQ broker URL on a fresh vhost (deleted after): the broker matrix's second
+    broker (tests/support/brokers.py). Skips, saying why, only where RabbitMQ is absent."""
+    from tests.support.brokers import rabbit_vhost, rabbitmq_missing
+
+    if reason := rabbitmq_missing():
+        pytest.skip(reason)
+    with rabbit_vhost() as url:
+        yield url
+
+
 
 @pytest.fixture
 def worker_env(tmp_path: object) -> dict[str, str]:

@@ -19,7 +19,9 @@ from tests.support.workers import start_worker, wait_until
 
 
 def client_for(env: dict[str, str]) -> Celery:
-    return Celery(broker=env["REDIS_URL"], backend=env["REDIS_URL"], set_as_current=False)
+    # BROKER_URL: the same tests run on RabbitMQ (tests/test_rabbitmq.py); results stay in Redis.
+    return Celery(broker=env.get("BROKER_URL", env["REDIS_URL"]), backend=env["REDIS_URL"],
+                  set_as_current=False)
 
 
 @pytest.fixture
