@@ -180,26 +180,28 @@ def _statuses(session: Session, job: str) -> dict[str, int]:
 
 
 def park_unleased(sessions: sessionmaker[Session], client: Any, job: str) -> int:
-    """Running partitions of a paused or cancelled job whose lease nobody holds (their holder
-    died or lost it) become paused: the holder's fenced writes need `running`, so a holder
-    that wakes up writes nothing. Returns how many were parked."""
+    """Open partitions of a paused or cancelled job that nobody works become paused: pending
+    ones (a holder that lost its lease hands its partition back as pending), and running ones
+    whose lease nobody holds (their holder died or lost it; its fenced writes need
+    `running`, so a holder that wakes up writes nothing). Returns how many were parked."""
     with sessions() as session:
-        running = session.execute(select(WORK.c.part, WORK.c.fence).where(
-            WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == S.RUNNING)).all()
-    if not running:
-        return 0
+        found = session.execute(select(WORK.c.part, WORK.c.fence, WORK.c.status).where(
+            WORK.c.kind == "range", WORK.c.job == job, WORK.c.status.in_(S.OPEN))).all()
+    running = [r for r in found if r.status == S.RUNNING]
     with client.pipeline(transaction=False) as pipe:
         for r in running:
             pipe.exists(lease_key(range_lease_name(job, r.part)))
-        held = pipe.execute()
+        held = {r.part for r, h in zip(running, pipe.execute(), strict=True) if h}
+    idle = [r for r in found if r.part not in held]
+    if not idle:
+        return 0
     parked = 0
     with writing(sessions) as session:
-        for r, h in zip(running, held, strict=True):
-            if not h:
-                parked += affected(session.execute(update(WORK).where(
-                    WORK.c.kind == "range", WORK.c.job == job, WORK.c.part == r.part,
-                    WORK.c.fence == r.fence, WORK.c.status == S.RUNNING)
-                    .values(status=S.PAUSED, owner=None, throttled_until=None)))
+        for r in idle:
+            parked += affected(session.execute(update(WORK).where(
+                WORK.c.kind == "range", WORK.c.job == job, WORK.c.part == r.part,
+                WORK.c.fence == r.fence, WORK.c.status == r.status)
+                .values(status=S.PAUSED, owner=None, throttled_until=None)))
     return parked
 
 
