@@ -4,6 +4,9 @@
     celery -A tasks call tasks.ranges.start --args '["cm_data"]'
     celery -A tasks call tasks.ranges.pause --args '["cm_data"]'
     celery -A tasks call tasks.ranges.throttle --args '["cm_data", 2000]'
+
+A refused control or start (unknown job, bad rate, a run in no state for it) raises
+`InvalidArguments`, an expected outcome (`throws`): the worker logs it as one line.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, valid
 from tasks.ranges.reconciler import Round, activate, active_jobs, reconcile_job
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.resources import resources_for
+from tasks.validate import InvalidArguments
 
 __all__ = ["start", "reconcile", "run_partition", "PROGRESS", "pause", "resume", "cancel",
            "retry_failed", "throttle", "controls", "start_job"]
@@ -76,37 +80,37 @@ def start_job(job: str, actor: str) -> dict[str, Any]:
     return report
 
 
-@app.task(name="tasks.ranges.start", bind=True)
+@app.task(name="tasks.ranges.start", bind=True, throws=(InvalidArguments,))
 def start(self: Task, job: str) -> dict[str, Any]:
     """Start range job `job`: see `start_job`."""
     return start_job(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.pause", bind=True)
+@app.task(name="tasks.ranges.pause", bind=True, throws=(InvalidArguments,))
 def pause(self: Task, job: str) -> dict[str, Any]:
     """Pause `job`: each running partition commits its batch, releases its lease, is paused."""
     return controls().pause(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.resume", bind=True)
+@app.task(name="tasks.ranges.resume", bind=True, throws=(InvalidArguments,))
 def resume(self: Task, job: str) -> dict[str, Any]:
     """Resume a paused `job`: its paused partitions are dispatched at once."""
     return controls().resume(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.cancel", bind=True)
+@app.task(name="tasks.ranges.cancel", bind=True, throws=(InvalidArguments,))
 def cancel(self: Task, job: str) -> dict[str, Any]:
     """Cancel `job`'s run (pause, and the run ends); `start` begins a new run afterwards."""
     return controls().cancel(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.retry_failed", bind=True)
+@app.task(name="tasks.ranges.retry_failed", bind=True, throws=(InvalidArguments,))
 def retry_failed(self: Task, job: str) -> dict[str, Any]:
     """Failed partitions of `job` go back to pending, keeping their checkpoints."""
     return controls().retry_failed(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.throttle", bind=True)
+@app.task(name="tasks.ranges.throttle", bind=True, throws=(InvalidArguments,))
 def throttle(self: Task, job: str, rows_per_s: float) -> dict[str, Any]:
     """Cap `job` at `rows_per_s` rows per second over all its partitions (0 lifts the cap)."""
     return controls().throttle(job, rows_per_s, _actor(self))
