@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import tasks.examples.cm_data  # noqa: F401  (registers the cm_data job in this process)
 from tasks.examples.seed import seed_cm_data
+from tasks.keys import range_control_key
 from tasks.models import PartitionStatus as S
 from tasks.models import RunState
 from tasks.ranges.controls import ControlRefused, Controls
@@ -139,6 +140,35 @@ def test_kill_9_of_a_worker_while_paused_then_resume_finishes_exactly_once(
     doomed.kill()  # SIGKILL of the worker and its pool process, maybe mid-batch
     wait_until(lambda: idle(cluster), 30, "no partition running, no lease held")
     assert S.RUNNING not in statuses(cluster)
+    resumed = jobs_cli(cluster, "resume", "cm_data")
+    assert resumed.returncode == 0, resumed.stderr
+    cluster.wait_finished()
+    cluster.assert_exactly_once(6000)
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+def test_a_flushed_redis_does_not_unpause_a_paused_job(
+        engine: Engine, platform: Callable[..., Platform]) -> None:
+    seed_cm_data(engine, 6000)
+    cluster = control_platform(platform, CM_DATA_PARTITION_SIZE="2000",
+                               CM_DATA_BATCH_DELAY=str(BATCH_S))
+    cluster.worker("a")
+    cluster.worker("b")
+    cluster.beat()
+    cluster.start_job()
+    wait_until(_running(cluster), 60, "a partition in progress")
+    paused = jobs_cli(cluster, "pause", "cm_data")
+    assert paused.returncode == 0, paused.stderr
+    wait_until(lambda: idle(cluster), 30, "no partition running, no lease held")
+    held = processed(engine)
+    client = redis.Redis.from_url(cluster.redis_server.url)
+    client.flushall()  # the control flag, the leases, the queues: all gone
+    # The reconciler writes the flag again from the run row, and dispatches nothing.
+    wait_until(lambda: client.hget(range_control_key("cm_data"), "state") == b"paused", 30,
+               "the pause flag written again")
+    time.sleep(3 * 0.5 + 1.5)
+    assert processed(engine) == held and idle(cluster)
+    client.close()
     resumed = jobs_cli(cluster, "resume", "cm_data")
     assert resumed.returncode == 0, resumed.stderr
     cluster.wait_finished()
