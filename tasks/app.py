@@ -61,9 +61,7 @@ def configure(settings: Settings) -> dict[str, Any]:
         "result_expires": 24 * 3600,
         "result_extended": True,
         "beat_scheduler": "beat.scheduler:LeaderScheduler",
-        "beat_schedule": beat_schedule(settings.reconcile_interval,
-                                       len(settings.restock_nodes), settings.restock_queue_names,
-                                       settings.restock_interval),
+        "beat_schedule": beat_schedule(settings.reconcile_interval, settings.restock_interval),
         "timezone": "UTC",
         "enable_utc": True,
         # Read by tasks.limits on publish and on receipt.

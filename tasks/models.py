@@ -262,7 +262,8 @@ class Payment(Base):
 
 
 class RestockNode(Base):
-    """A Redis node's term, kept in the database so it only grows even when the node restarts
+    """A logical stock shard's term (``redis_id`` is the shard number, a name from before
+    shards), kept in the database so it only grows even when the shard's Redis restarts
     empty."""
 
     __tablename__ = "restock_nodes"

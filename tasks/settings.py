@@ -52,7 +52,10 @@ class Settings:
     range_settle: float = 60.0
     # Restock: one Redis URL per stock node (node N is the N-th; default: REDIS_URL alone).
     restock_redis_urls: tuple[str, ...] = ()
-    restock_queues: int = 2  # delay queues per node
+    # Logical stock shards (hash tag {stock:N}); a SKU's shard is crc32(SKU) % shards. Changing
+    # it is a migration (docs/decisions.md, "Logical stock shards").
+    restock_shards: int = 16
+    restock_queues: int = 2  # delay queues per shard
     restock_delay: float = 600.0  # an unpaid item's stock comes back after this long
     restock_capacity: int = 100_000  # a delay queue holding this many stops syncing
     restock_batch: int = 100  # due entries per restock script call
@@ -90,7 +93,7 @@ class Settings:
 
     @property
     def restock_nodes(self) -> tuple[str, ...]:
-        """The Redis URL of every stock node, node 0 first."""
+        """The Redis URL of every stock master, master 0 first."""
         return self.restock_redis_urls or (self.redis_url,)
 
     @property
@@ -294,6 +297,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "cm_data_parallelism": ("CM_DATA_PARALLELISM", _at_least(int, 1)),
     "cm_data_work": ("CM_DATA_WORK", _one_of("trivial", "cpu")),
     "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", _at_least(float, 0)),
+    "restock_shards": ("RESTOCK_SHARDS", _positive(int)),
     "dead_letter_retention": ("DEAD_LETTER_RETENTION", _positive(float)),
     "max_message_bytes": ("MAX_MESSAGE_BYTES", _positive(int)),
     "metrics_port": ("METRICS_PORT", _port),

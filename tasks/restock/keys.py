@@ -1,13 +1,16 @@
 """Every Redis key of the restock wing: prefixes, lifetimes and owners, in one place.
 
-Stock is sharded over Redis nodes; node N's keys share the hash tag ``{node:N}`` (braces
-literal), so every stock script touches one Redis Cluster slot. Node keys end in the tag;
-queue keys add ``:QUEUE`` after it (same slot). This is the one module of the wing that spells
-a key prefix: everything else builds keys with the functions below.
+Stock is split into RESTOCK_SHARDS logical shards; shard N's keys share the hash tag
+``{stock:N}`` (braces literal), so every stock script touches one Redis Cluster slot and a
+shard lives wherever its slot lives (one Redis, a Cluster's master, master N % masters). Shard
+keys end in the tag; queue keys add ``:QUEUE`` after it (same slot). The functions' `redis_id`
+argument is the shard number (the name predates shards; so do the ``redis_id`` columns). This is
+the one module of the wing that spells a key prefix: everything else builds keys with the
+functions below.
 
-Two leases of the ``lease`` package guard a node, named with the node's hash tag so their
-keys share its slot and the scripts can check them: ``{node:N}:drain:QUEUE`` (the queue's one
-drainer) and ``{node:N}:maintenance`` (the rebuilder; while it exists the node is in its
+Two leases of the ``lease`` package guard a shard, named with the shard's hash tag so their
+keys share its slot and the scripts can check them: ``{stock:N}:drain:QUEUE`` (the queue's one
+drainer) and ``{stock:N}:maintenance`` (the rebuilder; while it exists the shard is in its
 maintenance window and every other script refuses).
 """
 
@@ -41,7 +44,7 @@ __all__ = [
     "maintaining_key",
     "maintenance_lease_name",
     "meta_key",
-    "node_tag",
+    "shard_tag",
     "offset_key",
     "offsets_key",
     "rebuild_attempts_key",
@@ -54,11 +57,11 @@ __all__ = [
     "term_key",
 ]
 
-# stock:{node:N} -> hash sku_id -> available quantity. No TTL. Owner: deduct.lua (minus) and
-# restock.lua (plus); rebuilt from the database by the node's maintenance.
+# stock:{stock:N} -> hash sku_id -> available quantity. No TTL. Owner: deduct.lua (minus) and
+# restock.lua (plus); rebuilt from the database by the shard's maintenance.
 STOCK_PREFIX = "stock:"
 
-# deducted:{node:N} -> hash order_item_id -> redo-entry text, the deduction on record: it makes
+# deducted:{stock:N} -> hash order_item_id -> redo-entry text, the deduction on record: it makes
 # a retried deduction a no-op while the item holds stock. No TTL; trimmed: restock.lua deletes
 # a record with the entry it records (the item's stock is settled, back or sold) and
 # discard.lua with a dead-lettered entry, so it holds one field per pending item. Owner:
@@ -66,62 +69,62 @@ STOCK_PREFIX = "stock:"
 # rule) and the rebuild ('reserving' items).
 DEDUCTED_PREFIX = "deducted:"
 
-# term:{node:N} -> integer, the node's term. No TTL. Owner: the maintenance rebuild, which
+# term:{stock:N} -> integer, the shard's term. No TTL. Owner: the maintenance rebuild, which
 # bumps it; read by deduct.lua (stamped in entries) and restock.lua (WRONG_TERM).
 TERM_PREFIX = "term:"
 
-# meta:{node:N} -> hash {next_maintain_ms, rebuilt_ms}: when the node's next maintenance
+# meta:{stock:N} -> hash {next_maintain_ms, rebuilt_ms}: when the shard's next maintenance
 # window opens and when the last rebuild finished. No TTL. Owner: tasks.restock.maintenance; a
-# node without it (new, or restarted empty) is rebuilt at once.
+# shard without it (new, or restarted empty) is rebuilt at once.
 META_PREFIX = "meta:"
 
-# lease:{node:N}:maintenance (lease package) exists while the node is in its maintenance
+# lease:{stock:N}:maintenance (lease package) exists while the shard is in its maintenance
 # window; deduct, sync, restock and discard refuse then. TTL: the rebuilder's lease TTL,
 # renewed while it makes progress. Owner: tasks.restock.maintenance; rebuild.lua checks its
 # token.
-# lease:{node:N}:drain:QUEUE (lease package): the queue drainer's token. TTL: the drainer's
+# lease:{stock:N}:drain:QUEUE (lease package): the queue drainer's token. TTL: the drainer's
 # lease TTL. Owner: tasks.restock.drain; restock.lua and discard.lua check it.
 
-# redo:{node:N}:QUEUE -> stream of {e = entry text, t = time_ms}. No TTL. Owner: deduct.lua and
+# redo:{stock:N}:QUEUE -> stream of {e = entry text, t = time_ms}. No TTL. Owner: deduct.lua and
 # rebuild.lua append; sync.lua reads it and trims what it moved to the delay queue.
 REDO_PREFIX = "redo:"
 
-# redo-cursor:{node:N}:QUEUE -> hash {id, score}: last stream id synced and its delay score.
+# redo-cursor:{stock:N}:QUEUE -> hash {id, score}: last stream id synced and its delay score.
 # No TTL. Owner: sync.lua.
 REDO_CURSOR_PREFIX = "redo-cursor:"
 
-# offset:{node:N} -> integer, the node's last handed-out offset (one counter for all its
-# queues, so the database's highest recorded offset tells whether the node lost deductions).
+# offset:{stock:N} -> integer, the shard's last handed-out offset (one counter for all its
+# queues, so the database's highest recorded offset tells whether the shard lost deductions).
 # No TTL (a reset counter would make restock.lua skip new entries as consumed; deduct.lua
 # refuses STALE when it is behind the database). Owner: deduct.lua and rebuild.lua.
 OFFSET_PREFIX = "offset:"
 
-# offsets:{node:N}:QUEUE -> hash sku_id -> offset of the last entry restocked (or found paid).
+# offsets:{stock:N}:QUEUE -> hash sku_id -> offset of the last entry restocked (or found paid).
 # No TTL; one field per SKU, deleted by every rebuild (offsets count within a term). Owner:
 # restock.lua (idempotency: HAS_BEEN_CONSUMED).
 OFFSETS_PREFIX = "offsets:"
 
-# delay:{node:N}:QUEUE -> sorted set entry text -> due time in ms. No TTL. Owner: sync.lua adds,
+# delay:{stock:N}:QUEUE -> sorted set entry text -> due time in ms. No TTL. Owner: sync.lua adds,
 # restock.lua removes.
 DELAY_PREFIX = "delay:"
 
-# drain-attempts:{node:N}:QUEUE -> hash member -> drain attempts at it, counted before each
+# drain-attempts:{stock:N}:QUEUE -> hash member -> drain attempts at it, counted before each
 # attempt (so a drainer that dies mid-batch counts). No TTL; restock.lua and discard.lua delete
 # a member's count with the member, so it holds at most one field per queued entry. Owner:
 # tasks.restock.drain.
 ATTEMPTS_PREFIX = "drain-attempts:"
 
-# rebuild-attempts:{node:N} -> integer, rebuilds of the node started and not finished (a
-# rebuild that dies leaves its count). TTL: the maintenance interval, so a node whose rebuild
+# rebuild-attempts:{stock:N} -> integer, rebuilds of the shard started and not finished (a
+# rebuild that dies leaves its count). TTL: the maintenance interval, so a shard whose rebuild
 # was dead-lettered is tried again once per window. Owner: tasks.restock.maintenance.
 REBUILD_ATTEMPTS_PREFIX = "rebuild-attempts:"
 
 
-def node_tag(redis_id: int) -> str:
-    """The hash tag shared by every key of node `redis_id`, braces included."""
+def shard_tag(redis_id: int) -> str:
+    """The hash tag shared by every key of shard `redis_id`, braces included."""
     if not isinstance(redis_id, int) or isinstance(redis_id, bool) or redis_id < 0:
-        raise ValueError(f"redis_id must be a non-negative integer, got {redis_id!r}")
-    return f"{{node:{redis_id}}}"
+        raise ValueError(f"shard must be a non-negative integer, got {redis_id!r}")
+    return f"{{stock:{redis_id}}}"
 
 
 def _queue(queue: str) -> str:
@@ -131,46 +134,46 @@ def _queue(queue: str) -> str:
     return queue
 
 
-# --- node keys ------------------------------------------------------------------------------
+# --- shard keys -----------------------------------------------------------------------------
 
 
 def stock_key(redis_id: int) -> str:
-    """The node's stock hash."""
-    return f"{STOCK_PREFIX}{node_tag(redis_id)}"
+    """The shard's stock hash."""
+    return f"{STOCK_PREFIX}{shard_tag(redis_id)}"
 
 
 def deducted_key(redis_id: int) -> str:
-    """The node's deductions on record."""
-    return f"{DEDUCTED_PREFIX}{node_tag(redis_id)}"
+    """The shard's deductions on record."""
+    return f"{DEDUCTED_PREFIX}{shard_tag(redis_id)}"
 
 
 def term_key(redis_id: int) -> str:
-    """The node's term."""
-    return f"{TERM_PREFIX}{node_tag(redis_id)}"
+    """The shard's term."""
+    return f"{TERM_PREFIX}{shard_tag(redis_id)}"
 
 
 def meta_key(redis_id: int) -> str:
-    """The node's maintenance schedule."""
-    return f"{META_PREFIX}{node_tag(redis_id)}"
+    """The shard's maintenance schedule."""
+    return f"{META_PREFIX}{shard_tag(redis_id)}"
 
 
 def offset_key(redis_id: int) -> str:
-    """The node's offset counter."""
-    return f"{OFFSET_PREFIX}{node_tag(redis_id)}"
+    """The shard's offset counter."""
+    return f"{OFFSET_PREFIX}{shard_tag(redis_id)}"
 
 
 def rebuild_attempts_key(redis_id: int) -> str:
-    """The node's unfinished rebuild attempts."""
-    return f"{REBUILD_ATTEMPTS_PREFIX}{node_tag(redis_id)}"
+    """The shard's unfinished rebuild attempts."""
+    return f"{REBUILD_ATTEMPTS_PREFIX}{shard_tag(redis_id)}"
 
 
 def maintenance_lease_name(redis_id: int) -> str:
-    """The name of the node's maintenance lease (lease package)."""
-    return f"{node_tag(redis_id)}:maintenance"
+    """The name of the shard's maintenance lease (lease package)."""
+    return f"{shard_tag(redis_id)}:maintenance"
 
 
 def maintaining_key(redis_id: int) -> str:
-    """The key that exists while the node is in maintenance: its maintenance lease."""
+    """The key that exists while the shard is in maintenance: its maintenance lease."""
     return lease_key(maintenance_lease_name(redis_id))
 
 
@@ -179,32 +182,32 @@ def maintaining_key(redis_id: int) -> str:
 
 def redo_key(redis_id: int, queue: str) -> str:
     """The queue's redo-log stream."""
-    return f"{REDO_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+    return f"{REDO_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
 
 
 def redo_cursor_key(redis_id: int, queue: str) -> str:
     """The queue's sync cursor."""
-    return f"{REDO_CURSOR_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+    return f"{REDO_CURSOR_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
 
 
 def offsets_key(redis_id: int, queue: str) -> str:
     """The queue's per-SKU restocked offsets."""
-    return f"{OFFSETS_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+    return f"{OFFSETS_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
 
 
 def delay_key(redis_id: int, queue: str) -> str:
     """The queue's delay queue."""
-    return f"{DELAY_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+    return f"{DELAY_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
 
 
 def attempts_key(redis_id: int, queue: str) -> str:
     """The queue's failed-attempt counts."""
-    return f"{ATTEMPTS_PREFIX}{node_tag(redis_id)}:{_queue(queue)}"
+    return f"{ATTEMPTS_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
 
 
 def drain_lease_name(redis_id: int, queue: str) -> str:
     """The name of the queue drainer's lease (lease package)."""
-    return f"{node_tag(redis_id)}:drain:{_queue(queue)}"
+    return f"{shard_tag(redis_id)}:drain:{_queue(queue)}"
 
 
 def drain_lock_key(redis_id: int, queue: str) -> str:
@@ -246,7 +249,7 @@ def discard_keys(redis_id: int, queue: str) -> list[str]:
 
 
 def rebuild_keys(redis_id: int, queues: Sequence[str]) -> list[str]:
-    """Every key rebuild.lua touches, in its KEYS order: the node's, then two per queue."""
+    """Every key rebuild.lua touches, in its KEYS order: the shard's, then two per queue."""
     keys = [maintaining_key(redis_id), stock_key(redis_id), term_key(redis_id),
             deducted_key(redis_id), offset_key(redis_id)]
     for queue in queues:

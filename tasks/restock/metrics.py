@@ -50,12 +50,13 @@ def collect(settings: Settings) -> Iterable[Any]:
 
 
 def zero(m: Any, settings: Settings) -> None:
-    """Every node and queue's series, at 0 (statuses: the replies a drain can count)."""
+    """Every shard (label `node`) and queue's series, at 0 (statuses: the replies a drain
+    can count)."""
     from tasks.restock.replies import ACTIONS, Action
 
     statuses = [code for code, action in ACTIONS.items()
                 if action in (Action.RESTOCKED, Action.SKIPPED)]
-    for node in range(len(settings.restock_nodes)):
+    for node in range(settings.restock_shards):
         for queue in settings.restock_queue_names:
             m.restock_dead_letters.labels(str(node), queue)
             for status in statuses:

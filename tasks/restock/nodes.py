@@ -1,7 +1,15 @@
-"""The Redis stock nodes of the restock feature: one client, script set and lease manager each.
+"""Where the logical stock shards live: one StockNode per shard, on its master's client.
 
-Node N is the N-th URL of RESTOCK_REDIS_URLS (default: REDIS_URL alone). Its keys carry the
-hash tag ``{node:N}``, so several nodes may also share one Redis server or one Cluster.
+Shard N (hash tag ``{stock:N}``, N < RESTOCK_SHARDS) is served by the client of master
+N % masters, the masters being RESTOCK_REDIS_URLS (default: REDIS_URL alone):
+
+- one Redis: every shard on it (the embedded default);
+- a Redis Cluster: one cluster client serves every shard; the cluster puts each shard's slot
+  on one of its masters and moves it with its own resharding (the client follows MOVED/ASK);
+- Sentinel or several plain masters: shard N on master N % masters.
+
+Shards of one master share its client, its script set and its lease manager, so a process
+holds one connection pool and one lease keeper per master, never one per shard.
 """
 
 from __future__ import annotations
@@ -10,18 +18,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from lease import Leases
 from tasks.resources import Resources
 from tasks.restock.scripts import StockScripts
+from tasks.settings import Settings
 
-__all__ = ["StockNode", "connect_nodes", "stock_nodes"]
+__all__ = ["StockNode", "close_shards", "connect_shards", "master_clients", "master_of",
+           "stock_nodes"]
 
 
 @dataclass
 class StockNode:
-    """Everything that talks to Redis node `redis_id`."""
+    """Everything that talks to shard `redis_id` (the name predates shards: it is the shard's
+    number, in its keys' hash tag, its entries and the database's ``redis_id`` columns)."""
 
     redis_id: int
     client: Any
@@ -31,25 +40,60 @@ class StockNode:
     @classmethod
     def on(cls, redis_id: int, client: Any, leases: Leases | None = None,
            clock: Callable[[], int] | None = None) -> StockNode:
-        """The node behind `client`. `clock` stands in for the node's own clock (Redis TIME)
-        in tests; production passes none."""
+        """Shard `redis_id` behind `client`. `clock` stands in for the shard's Redis clock
+        (TIME) in tests; production passes none."""
         return cls(redis_id, client, StockScripts(client, clock), leases or Leases(client))
 
     def now_ms(self) -> int:
-        """The node's clock (Redis TIME): the one clock of its due times and windows."""
+        """The shard's clock (its master's Redis TIME): the one clock of its due times."""
         return self.scripts.now_ms()
 
     def close(self) -> None:
         self.leases.close()
 
 
-def connect_nodes(urls: Sequence[str], socket_timeout: float = 5.0) -> list[StockNode]:
-    """One StockNode per URL, node 0 first."""
-    return [StockNode.on(i, redis.Redis.from_url(url, socket_timeout=socket_timeout,
-                                                   socket_connect_timeout=socket_timeout))
-            for i, url in enumerate(urls)]
+def master_of(shard: int, masters: int) -> int:
+    """The index of the master that serves `shard` when shards are spread over `masters`."""
+    return shard % masters
+
+
+def connect_shards(clients: Sequence[Any], shards: int) -> list[StockNode]:
+    """One StockNode per shard, shard 0 first: shard N on ``clients[N % len(clients)]``.
+
+    Shards of one client share its StockScripts and Leases (one keeper per master).
+    """
+    if not clients or shards < 1:
+        raise ValueError("stock shards need at least one client and one shard")
+    per_client = [(client, StockScripts(client), Leases(client)) for client in clients]
+    nodes = []
+    for shard in range(shards):
+        client, scripts, leases = per_client[master_of(shard, len(clients))]
+        nodes.append(StockNode(shard, client, scripts, leases))
+    return nodes
+
+
+def master_clients(settings: Settings, socket_timeout: float = 5.0) -> list[Any]:
+    """One client per stock master of `settings` (a cluster: its one client)."""
+    import redis
+
+    return [redis.Redis.from_url(url, socket_timeout=socket_timeout,
+                                 socket_connect_timeout=socket_timeout)
+            for url in settings.restock_nodes]
+
+
+def close_shards(nodes: Sequence[StockNode]) -> None:
+    """Close every distinct lease manager and client of `nodes` once."""
+    seen: set[int] = set()
+    for node in nodes:
+        if id(node.leases) not in seen:
+            seen.add(id(node.leases))
+            node.close()
+        if id(node.client) not in seen:
+            seen.add(id(node.client))
+            node.client.close()
 
 
 def stock_nodes(res: Resources) -> list[StockNode]:
-    """This process's stock nodes for `res.settings` (RESTOCK_REDIS_URLS), node 0 first."""
-    return res.shared("stock_nodes", lambda settings: connect_nodes(settings.restock_nodes))
+    """This process's stock shards for `res.settings`, shard 0 first."""
+    return res.shared("stock_nodes", lambda settings: connect_shards(
+        master_clients(settings), settings.restock_shards))

@@ -172,7 +172,8 @@ def _id(field_name: str, value: Any) -> str:
 
 
 class Shop:
-    """The restock feature's user-facing API. `nodes[i]` runs the scripts of Redis node i."""
+    """The restock feature's user-facing API. `nodes[i]` runs the scripts of shard i (on its
+    Redis: several shards may share one client)."""
 
     def __init__(
         self,
@@ -180,8 +181,8 @@ class Shop:
         nodes: Sequence[StockScripts],
         router: Router,
     ) -> None:
-        if len(nodes) != router.nodes:
-            raise ValueError(f"{len(nodes)} node clients for a router of {router.nodes} nodes")
+        if len(nodes) != router.shards:
+            raise ValueError(f"{len(nodes)} shard clients for a router of {router.shards} shards")
         self.sessions = sessions
         self.nodes = list(nodes)
         self.router = router
@@ -199,7 +200,7 @@ class Shop:
         _id("sku_id", sku_id)
         if isinstance(total, bool) or not isinstance(total, int) or not 0 <= total < 2**53:
             raise InvalidOrder(f"total must be a non-negative integer, got {quote(total)}")
-        node = self.router.node_for(sku_id)
+        node = self.router.shard_for(sku_id)
         with self.sessions.begin() as session:
             session.connection(execution_options=WRITE_INTENT)
             found = session.execute(select(SKUS.c.total).where(SKUS.c.sku_id == sku_id)).first()
@@ -266,7 +267,7 @@ class Shop:
                 if row is None:
                     new.append({"order_item_id": order_item_id, "order_id": order_id,
                                 "sku_id": sku_id, "qty": qty,
-                                "redis_id": self.router.node_for(sku_id),
+                                "redis_id": self.router.shard_for(sku_id),
                                 "queue": self.router.queue_for(member_id),
                                 "state": ItemState.RESERVING, "time_ms": 0,
                                 "updated_at": now})

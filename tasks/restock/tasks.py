@@ -1,5 +1,6 @@
-"""Celery tasks of the restock feature (seed 002). Beat emits sync, drain and rebuild; the rest
-are called by the shop, or ad hoc::
+"""Celery tasks of the restock feature (seed 002). Beat emits one tick, which syncs every shard
+and sends drain and rebuild where they are due (tasks.restock.dispatch); the rest are called by
+the shop, or ad hoc (a shard is a number below RESTOCK_SHARDS)::
 
     celery -A tasks call tasks.restock.define_sku --args '["sku-1", 100]'
     celery -A tasks call tasks.restock.place_order --args '["o-1", "m-1", [["o-1-1", "sku-1", 2]]]'
@@ -8,27 +9,32 @@ are called by the shop, or ad hoc::
     celery -A tasks call tasks.restock.sync --args '[0, "q0"]'
     celery -A tasks call tasks.restock.drain --args '[0, "q0"]'
     celery -A tasks call tasks.restock.rebuild --args '[0]' --kwargs '{"force": true}'
+    celery -A tasks call tasks.restock.tick
 
 Each task is idempotent: deductions are recorded per order item, payments and releases are
 compare-and-sets, restock is offset-checked and drains and rebuilds hold leases, so a
 redelivered message (acks_late) changes nothing. Drains and rebuilds that keep killing their
-process are capped at REDELIVERY_CAP attempts (per entry, per node) and dead-lettered.
+process are capped at REDELIVERY_CAP attempts (per entry, per shard) and dead-lettered.
 
 Arguments are checked here, before any I/O: ids are non-empty strings of at most
-ID_MAX_LEN characters (the database columns), quantities integers in 1..MAX_SKU_NUM, a node
-one of the configured ones and a queue one of its names. A bad one fails with
+ID_MAX_LEN characters (the database columns), quantities integers in 1..MAX_SKU_NUM, a shard
+below RESTOCK_SHARDS and a queue one of its names. A bad one fails with
 InvalidArguments quoting at most a short prefix of the value.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
+
+import redis
 
 from tasks.app import app, settings
 from tasks.base import PlatformTask
 from tasks.metrics import record
 from tasks.resources import resources_for
+from tasks.restock.dispatch import due_work
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode, stock_nodes
@@ -39,19 +45,21 @@ from tasks.retry import RetryPolicy
 from tasks.validate import InvalidArguments, int_arg, quote, text_arg
 
 __all__ = ["ID_MAX_LEN", "MAX_LINES", "define_sku", "drain", "inspect", "pay", "place_order",
-           "rebuild", "router", "sync"]
+           "rebuild", "router", "sync", "tick"]
+
+log = logging.getLogger("tasks.restock")
 
 ID_MAX_LEN = 128  # order, member, order item and SKU ids: their String(128) columns
 MAX_LINES = 1000  # lines of one order
 TOTAL_MAX = 2**53 - 1  # a SKU's total: exact in Lua's numbers
 
-# A node in maintenance or restarting comes back within seconds; an order waits for it.
+# A shard in maintenance or restarting comes back within seconds; an order waits for it.
 NODE_WAIT = RetryPolicy(max_retries=8, initial_interval=0.5, max_interval=10.0,
                         retry_on=(StockUnavailable, OrderPending))
 
 
 def router() -> Router:
-    return Router(nodes=len(settings.restock_nodes), queues=settings.restock_queue_names)
+    return Router(shards=settings.restock_shards, queues=settings.restock_queue_names)
 
 
 def _shop() -> Shop:
@@ -59,8 +67,8 @@ def _shop() -> Shop:
     return Shop(res.sessions, [n.scripts for n in stock_nodes(res)], router())
 
 
-def _node(node: Any) -> StockNode:
-    index = int_arg("node", node, lo=0, hi=len(settings.restock_nodes) - 1)
+def _node(shard: Any) -> StockNode:
+    index = int_arg("shard", shard, lo=0, hi=settings.restock_shards - 1)
     return stock_nodes(resources_for(settings))[index]
 
 
@@ -135,16 +143,16 @@ def inspect(sku_id: str) -> dict[str, Any]:
 
 
 @app.task(name="tasks.restock.sync")
-def sync(node: int, queue: str) -> dict[str, Any]:
-    """Move a queue's redo log into its delay queue (stops at FULL or MAINTAINING)."""
-    found = _node(node)
+def sync(shard: int, queue: str) -> dict[str, Any]:
+    """Move a shard queue's redo log into its delay queue (stops at FULL or MAINTAINING)."""
+    found = _node(shard)
     return _drainer(found).sync(_queue(queue)).as_dict()
 
 
 @app.task(name="tasks.restock.drain", acks_late=True)
-def drain(node: int, queue: str) -> dict[str, Any]:
-    """Restock a queue's due entries under its lease (a second drainer returns 'busy')."""
-    found = _node(node)
+def drain(shard: int, queue: str) -> dict[str, Any]:
+    """Restock a shard queue's due entries under its lease (a second drainer: 'busy')."""
+    found = _node(shard)
     report = _drainer(found).drain(_queue(queue))
     if record.on is not None:
         labels = (str(report.node), report.queue)
@@ -155,9 +163,9 @@ def drain(node: int, queue: str) -> dict[str, Any]:
 
 
 @app.task(name="tasks.restock.rebuild", acks_late=True)
-def rebuild(node: int, force: bool = False) -> dict[str, Any]:
-    """Rebuild a node's stock from the database when its maintenance window is due."""
-    found = _node(node)
+def rebuild(shard: int, force: bool = False) -> dict[str, Any]:
+    """Rebuild a shard's stock from the database when its maintenance window is due."""
+    found = _node(shard)
     if not isinstance(force, bool):
         raise InvalidArguments(f"force must be true or false, got {quote(force)}")
     res = resources_for(settings)
@@ -165,3 +173,24 @@ def rebuild(node: int, force: bool = False) -> dict[str, Any]:
                           every_ms=int(settings.maintenance_every * 1000),
                           lease_ttl=settings.lease_ttl, max_attempts=settings.redelivery_cap)
     return rebuilder.rebuild(force=force).as_dict()
+
+
+@app.task(name="tasks.restock.tick")
+def tick() -> dict[str, Any]:
+    """Beat's restock message: sync every shard, send drain and rebuild where due."""
+    res = resources_for(settings)
+    nodes = stock_nodes(res)
+    queues = settings.restock_queue_names
+    synced = 0
+    for node in nodes:
+        drainer = _drainer(node)
+        try:
+            synced += sum(drainer.sync(queue).moved for queue in queues)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # its master is away
+            log.warning("tick: shard %d not synced: %s", node.redis_id, exc)
+    work = due_work(res.sessions, nodes, queues)
+    for shard, queue in work.drains:
+        drain.apply_async((shard, queue), expires=max(settings.restock_interval, 1.0))
+    for shard in work.rebuilds:
+        rebuild.apply_async((shard,), expires=max(settings.restock_interval, 1.0))
+    return {"synced": synced, **work.as_dict()}

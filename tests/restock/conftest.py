@@ -56,7 +56,7 @@ class World:
     def __post_init__(self) -> None:
         # The queue names by the platform's one rule (Settings.restock_queue_names).
         queues = Settings(restock_queues=QUEUES).restock_queue_names
-        self.router = Router(nodes=len(self.servers), queues=queues)
+        self.router = Router(shards=len(self.servers), queues=queues)
         self.connect()
 
     def connect(self) -> None:
@@ -92,7 +92,7 @@ class World:
             rebuilder.rebuild(force=True)
 
     def stock(self, sku: str) -> int | None:
-        node = self.router.node_for(sku)
+        node = self.router.shard_for(sku)
         raw = self.nodes[node].client.hget(stock_key(node), sku)
         return None if raw is None else int(raw)
 
@@ -109,7 +109,7 @@ class World:
 
     def reserved_on_record(self, sku: str) -> int:
         """Quantity of the SKU's 'reserving' items whose deduction did happen in Redis."""
-        node = self.router.node_for(sku)
+        node = self.router.shard_for(sku)
         with self.sessions() as session:
             rows = list(session.execute(select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.qty)
                                         .where(ORDER_ITEMS.c.sku_id == sku,

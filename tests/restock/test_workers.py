@@ -103,7 +103,7 @@ BAD_CALLS = [
     ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", 1], ["i-1", "sku-a", 1]]],
      "DuplicateOrderItem"),
     ("tasks.restock.pay", ["o-404"], "UnknownOrder"),
-    ("tasks.restock.drain", [7, "q0"], "InvalidArguments"),
+    ("tasks.restock.drain", [16, "q0"], "InvalidArguments"),
     ("tasks.restock.sync", [0, "q9"], "InvalidArguments"),
     ("tasks.restock.rebuild", ["0"], "InvalidArguments"),
     ("tasks.restock.define_sku", ["sku-b", -5], "InvalidArguments"),
@@ -131,14 +131,14 @@ SIZE_CALLS = [  # (task, args, the argument the error must name); the first four
     ("tasks.restock.place_order", [LONG_ID, "m-1", [["i-1", "sku-a", 1]]], "order_id"),
     ("tasks.restock.define_sku", [HUGE, 5], "sku_id"),
     ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", "sku-a", 2**31]]], "qty"),
-    ("tasks.restock.drain", [10**30, "q0"], "node"),
+    ("tasks.restock.drain", [10**30, "q0"], "shard"),
     ("tasks.restock.place_order", ["o-1", HUGE, [["i-1", "sku-a", 1]]], "member_id"),
     ("tasks.restock.place_order", ["o-1", "m-1", [[LONG_ID, "sku-a", 1]]], "order_item_id"),
     ("tasks.restock.place_order", ["o-1", "m-1", [["i-1", LONG_ID, 1]]], "sku_id"),
     ("tasks.restock.pay", [LONG_ID], "order_id"),
     ("tasks.restock.inspect", [HUGE], "sku_id"),
     ("tasks.restock.sync", [0, HUGE], "queue"),
-    ("tasks.restock.rebuild", [-1], "node"),
+    ("tasks.restock.rebuild", [-1], "shard"),
 ]
 
 

@@ -1,26 +1,26 @@
 -- Deduct stock for one order item and append its redo-log entry (seed 002).
 --
--- KEYS[1]  stock:{node:N}            hash sku_id -> available quantity
--- KEYS[2]  deducted:{node:N}         hash order_item_id -> entry text (the deduction on record)
--- KEYS[3]  redo:{node:N}:QUEUE       stream, one message {e = entry text, t = time_ms} per deduction
--- KEYS[4]  term:{node:N}             integer, the node's current term (missing: 0)
--- KEYS[5]  offset:{node:N}           integer counter, the node's last offset (missing: 0)
--- KEYS[6]  lease:{node:N}:maintenance exists while the node is being rebuilt
+-- KEYS[1]  stock:{stock:N}            hash sku_id -> available quantity
+-- KEYS[2]  deducted:{stock:N}         hash order_item_id -> entry text (the deduction on record)
+-- KEYS[3]  redo:{stock:N}:QUEUE       stream, one message {e = entry text, t = time_ms} per deduction
+-- KEYS[4]  term:{stock:N}             integer, the shard's current term (missing: 0)
+-- KEYS[5]  offset:{stock:N}           integer counter, the shard's last offset (missing: 0)
+-- KEYS[6]  lease:{stock:N}:maintenance exists while the shard is being rebuilt
 -- ARGV[1]  order_item_id   ARGV[2] sku_id   ARGV[3] qty
 -- ARGV[4]  now: '' = the node's clock (Redis TIME); a test's shared fake node clock otherwise
--- ARGV[5]  member_id       ARGV[6] queue    ARGV[7] redis_id (N)
+-- ARGV[5]  member_id       ARGV[6] queue    ARGV[7] shard (N)
 -- ARGV[8]  max_qty (redolog.MAX_SKU_NUM)
--- ARGV[9]  min_term, ARGV[10] min_offset: the node's generation as the database knows it (the
+-- ARGV[9]  min_term, ARGV[10] min_offset: the shard's generation as the database knows it (the
 --          last term a rebuild handed out, the highest offset an order item recorded)
 --
 -- Returns {'OK', entry}            deducted; entry is the new redo-log entry text
---         {'MAINTAINING', ''}      the node is being rebuilt: nothing changes, try again later
---         {'STALE', 'term/offset'} the node is older than the database (restarted from an older
+--         {'MAINTAINING', ''}      the shard is being rebuilt: nothing changes, try again later
+--         {'STALE', 'term/offset'} the shard is older than the database (restarted from an older
 --                                  snapshot, a lagging replica, or empty): nothing changes
 --                                  until a rebuild brings it up to date
 --         {'BAD_QUANTITY', qty}    qty is not a decimal integer in 1..max_qty
 --         {'DUPLICATE', entry}     this order item was already deducted: the stored entry, no change
---         {'UNKNOWN_SKU', sku}     no such SKU on this node
+--         {'UNKNOWN_SKU', sku}     no such SKU on this shard
 --         {'INSUFFICIENT', stock}  fewer than qty left; nothing changes
 -- DUPLICATE is checked before the SKU and the stock, so a retried deduction always gets its
 -- original entry back, even after the stock ran out. A deduction during maintenance would race

@@ -5,10 +5,10 @@
 -- it may be listed twice but is never lost). Members are raw bytes: a member that is not even
 -- UTF-8 is removed exactly as it is stored.
 --
--- KEYS[1]  lease:{node:N}:drain:QUEUE      the drainer's lease token
--- KEYS[2]  delay:{node:N}:QUEUE            sorted set of pending entries
--- KEYS[3]  drain-attempts:{node:N}:QUEUE   hash member -> drain attempts
--- KEYS[4]  deducted:{node:N}               hash order_item_id -> entry text (on record)
+-- KEYS[1]  lease:{stock:N}:drain:QUEUE      the drainer's lease token
+-- KEYS[2]  delay:{stock:N}:QUEUE            sorted set of pending entries
+-- KEYS[3]  drain-attempts:{stock:N}:QUEUE   hash member -> drain attempts
+-- KEYS[4]  deducted:{stock:N}               hash order_item_id -> entry text (on record)
 -- ARGV[1]  token   ARGV[2 ..] members to remove
 --
 -- Returns {'OK', removed} or {'LOCK_FAILED', 0} (nothing changed). A member that is the

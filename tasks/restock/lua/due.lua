@@ -1,6 +1,6 @@
 -- The due entries of one queue's delay queue, by the node's clock (seed 002).
 --
--- KEYS[1]  delay:{node:N}:QUEUE   sorted set entry -> due time in ms (node clock)
+-- KEYS[1]  delay:{stock:N}:QUEUE   sorted set entry -> due time in ms (node clock)
 -- ARGV[1]  now: '' = the node's clock (Redis TIME); a test's shared fake node clock otherwise
 -- ARGV[2]  limit, the most members to return
 --

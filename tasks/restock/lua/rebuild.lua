@@ -1,18 +1,18 @@
--- Rewrite a node's stock from the database during its maintenance window (seed 002).
+-- Rewrite a shard's stock from the database during its maintenance window (seed 002).
 --
--- tasks.restock.maintenance calls it in chunks while it holds the node's maintenance lease;
+-- tasks.restock.maintenance calls it in chunks while it holds the shard's maintenance lease;
 -- every other stock script refuses while that lease exists, so the chunks need no atomicity
 -- between them. Each chunk checks the lease token first.
 --
--- KEYS[1]  lease:{node:N}:maintenance   the rebuilder's lease token
--- KEYS[2]  stock:{node:N}               hash sku_id -> available quantity
--- KEYS[3]  term:{node:N}                the node's term
--- KEYS[4]  deducted:{node:N}            hash order_item_id -> entry text (deduction on record)
--- KEYS[5]  offset:{node:N}              the node's offset counter
--- KEYS[6 + 2q], KEYS[7 + 2q]            for each queue q = 0, 1, ...: redo:{node:N}:QUEUE
---                                       (stream) and offsets:{node:N}:QUEUE (restocked offsets)
--- ARGV[1]  token    ARGV[2]  new term    ARGV[3]  redis_id (N)
--- ARGV[4]  min_offset: the highest offset the database recorded for the node
+-- KEYS[1]  lease:{stock:N}:maintenance   the rebuilder's lease token
+-- KEYS[2]  stock:{stock:N}               hash sku_id -> available quantity
+-- KEYS[3]  term:{stock:N}                the shard's term
+-- KEYS[4]  deducted:{stock:N}            hash order_item_id -> entry text (deduction on record)
+-- KEYS[5]  offset:{stock:N}              the shard's offset counter
+-- KEYS[6 + 2q], KEYS[7 + 2q]            for each queue q = 0, 1, ...: redo:{stock:N}:QUEUE
+--                                       (stream) and offsets:{stock:N}:QUEUE (restocked offsets)
+-- ARGV[1]  token    ARGV[2]  new term    ARGV[3]  shard (N)
+-- ARGV[4]  min_offset: the highest offset the database recorded for the shard
 -- ARGV[5]  s, stock pairs;  ARGV[6 .. 5 + 2s]: sku_id, quantity (the free stock per database)
 -- then 7 fields per order item still holding stock unpaid, to re-issue in the new term:
 --          queue index q, queue name, order_item_id, sku_id, qty, time_ms, member_id

@@ -1,13 +1,13 @@
 -- Return the stock of a batch of due delay-queue entries of one queue (seed 002).
 --
--- KEYS[1]  lease:{node:N}:maintenance  exists while the node is being rebuilt
--- KEYS[2]  lease:{node:N}:drain:QUEUE   the queue drainer's lease token (lease package)
--- KEYS[3]  term:{node:N}              the node's current term (missing: 0)
--- KEYS[4]  offsets:{node:N}:QUEUE     hash sku_id -> offset of the last entry applied
--- KEYS[5]  stock:{node:N}             hash sku_id -> available quantity
--- KEYS[6]  deducted:{node:N}          hash order_item_id -> entry text (deduction on record)
--- KEYS[7]  delay:{node:N}:QUEUE       sorted set of pending entries
--- KEYS[8]  drain-attempts:{node:N}:QUEUE  hash member -> drain attempts (tasks.restock.drain)
+-- KEYS[1]  lease:{stock:N}:maintenance  exists while the shard is being rebuilt
+-- KEYS[2]  lease:{stock:N}:drain:QUEUE   the queue drainer's lease token (lease package)
+-- KEYS[3]  term:{stock:N}              the shard's current term (missing: 0)
+-- KEYS[4]  offsets:{stock:N}:QUEUE     hash sku_id -> offset of the last entry applied
+-- KEYS[5]  stock:{stock:N}             hash sku_id -> available quantity
+-- KEYS[6]  deducted:{stock:N}          hash order_item_id -> entry text (deduction on record)
+-- KEYS[7]  delay:{stock:N}:QUEUE       sorted set of pending entries
+-- KEYS[8]  drain-attempts:{stock:N}:QUEUE  hash member -> drain attempts (tasks.restock.drain)
 -- ARGV[1]  token   the caller's drain-lock token
 -- ARGV[2 + 7k .. 8 + 7k], for each entry k, as parsed by tasks.restock.redolog.parse_entry:
 --          entry text, order_item_id, sku_id, sku_num, offset, term, paid ('1' or '0', from
@@ -15,7 +15,7 @@
 -- The caller passes entries in offset order.
 --
 -- Returns one status per entry, in order:
---   'MAINTAINING'        node in maintenance: nothing done for any entry (abort the batch)
+--   'MAINTAINING'        shard in maintenance: nothing done for any entry (abort the batch)
 --   'LOCK_FAILED'        drain lease not held by token: nothing done (abort, re-acquire)
 --   'WRONG_TERM'         entry from an older term (the rebuild already counted it): removed
 --   'HAS_BEEN_CONSUMED'  offset not above the SKU's stored offset: removed, no stock change
@@ -26,7 +26,7 @@
 -- Whatever the status, the entry leaves the delay queue with its attempt count, and the
 -- deduction on record goes too when it is this entry: the item's stock is settled (back, or
 -- sold), so nothing reads the record again (a re-issued item's record is its newer entry, kept
--- until that one is consumed). This is what keeps deducted:{node:N} bounded by the pending
+-- until that one is consumed). This is what keeps deducted:{stock:N} bounded by the pending
 -- items instead of growing with every order.
 -- Maintenance and the lock are checked once: nothing inside one script call can change them.
 local n = (#ARGV - 1) / 7

@@ -7,16 +7,16 @@
 -- the cursor are then trimmed from the stream (the delay queue holds them now): a node keeps
 -- each pending entry once, not twice.
 --
--- KEYS[1]  redo:{node:N}:QUEUE         stream written by deduct.lua ({e = entry, t = time_ms})
--- KEYS[2]  redo-cursor:{node:N}:QUEUE  hash {id = last synced stream id, score = its score}
--- KEYS[3]  delay:{node:N}:QUEUE        sorted set entry -> due time in ms
--- KEYS[4]  lease:{node:N}:maintenance  exists while the node is being rebuilt
+-- KEYS[1]  redo:{stock:N}:QUEUE         stream written by deduct.lua ({e = entry, t = time_ms})
+-- KEYS[2]  redo-cursor:{stock:N}:QUEUE  hash {id = last synced stream id, score = its score}
+-- KEYS[3]  delay:{stock:N}:QUEUE        sorted set entry -> due time in ms
+-- KEYS[4]  lease:{stock:N}:maintenance  exists while the shard is being rebuilt
 -- ARGV[1]  count      most entries to move in this call
 -- ARGV[2]  capacity   the delay queue refuses new entries once it holds this many
 -- ARGV[3]  delay_ms   due time = entry time + delay_ms
 --
 -- Returns {'OK', moved}             moved entries (0 when the log is drained)
---         {'MAINTAINING', 0}        the node is in maintenance; nothing moved
+--         {'MAINTAINING', 0}        the shard is in maintenance; nothing moved
 --         {'FULL', size}            the delay queue holds >= capacity entries; nothing moved
 -- Scores strictly increase in log (= offset) order: a score is max(time + delay, previous + 1).
 -- restock.lua skips an entry whose offset is not above the SKU's stored offset, so an entry
