@@ -12,8 +12,9 @@ from typing import Any
 from celery import Celery, signals
 from celery.app import backends
 from celery.app.task import Task as CeleryTask
+from kombu import Exchange, Queue
 
-from tasks import brokerfix, flowerguard, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
+from tasks import brokerfix, flowerguard, heartbeat, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
 from tasks.limits import bound_log_handlers, bounded_backend
 from tasks.logs import use_json
 from tasks.retry import check_policy
@@ -66,6 +67,51 @@ def configure(settings: Settings) -> dict[str, Any]:
         "enable_utc": True,
         # Read by tasks.limits on publish and on receipt.
         "max_message_bytes": settings.max_message_bytes,
+        "worker_soft_shutdown_timeout": soft_shutdown_timeout(settings),
+    }
+
+
+# A worker's warm shutdown hands a running partition over at its next batch boundary; a batch
+# heartbeats its lease, so it ends within LEASE_TTL or loses the lease anyway. The soft shutdown
+# (Celery 5.5+, on SIGQUIT) gives tasks one batch plus this long for the handover (commit,
+# release the lease, mark the partition pending) before the cold shutdown requeues the rest.
+HANDOVER_SECONDS = 5.0
+
+
+def soft_shutdown_timeout(settings: Settings) -> float:
+    """`worker_soft_shutdown_timeout`: one batch (at most LEASE_TTL) plus the handover."""
+    return settings.lease_ttl + HANDOVER_SECONDS
+
+
+def is_amqp(url: str) -> bool:
+    """True when `url` names a RabbitMQ (AMQP) broker."""
+    return url.split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
+
+
+def quorum_queues(queues: Any, delivery_limit: int) -> tuple[Queue, ...]:
+    """`queues` (Celery's `celery` queue when None) declared as RabbitMQ quorum queues with a
+    delivery limit, each on a topic exchange of its own name (native delayed delivery, which
+    carries countdowns and ETAs on quorum queues, refuses direct exchanges)."""
+    arguments = {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit}
+    found = []
+    declared: Any = queues or (Queue("celery"),)
+    for queue in declared:
+        name = queue.name
+        found.append(Queue(name, Exchange(queue.exchange.name or name, type="topic"),
+                           routing_key=queue.routing_key or name,
+                           queue_arguments={**(queue.queue_arguments or {}), **arguments}))
+    return tuple(found)
+
+
+def amqp_options(settings: Settings, queues: Any = None) -> dict[str, Any]:
+    """What a RabbitMQ broker adds to the configuration: quorum queues with a delivery limit
+    (AMQP_DELIVERY_LIMIT, above REDELIVERY_CAP) for the declared queues and for queues made on
+    first use, on topic exchanges."""
+    return {
+        "task_queues": quorum_queues(queues, settings.amqp_delivery_limit),
+        "task_default_exchange_type": "topic",
+        "task_create_missing_queue_type": "quorum",
+        "task_create_missing_queue_exchange_type": "topic",
     }
 
 
@@ -122,7 +168,11 @@ class PlatformCelery(Celery):  # type: ignore[misc]
 app = PlatformCelery("tasks", amqp="tasks.limits:LimitedAMQP",
              include=TASK_MODULES + list(settings.extra_task_modules))
 app.conf.update(configure(settings))
+if is_amqp(settings.broker_url):
+    app.conf.update(amqp_options(settings, app.conf.task_queues))
 app.platform_settings = settings
+# Liveness without a queued task: WORKER_HEARTBEAT_FILE, touched from the worker's own timer.
+app.steps["worker"].add(heartbeat.Heartbeat)
 
 
 @signals.after_setup_logger.connect

@@ -28,12 +28,14 @@ What it adds to a plain Celery task, and what each costs on the hot path:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
+from celery.utils.quorum_queues import detect_quorum_queues
 
 from tasks.keys import deliveries_key
 from tasks.metrics import record
@@ -109,7 +111,7 @@ class PlatformTask(Task):  # type: ignore[misc]
                 raise
             if record.on is not None:
                 record.on.task_retries.labels(self.name).inc()
-            raise self.retry(exc=exc, countdown=countdown) from exc
+            raise self.retry(exc=exc, countdown=self._deliverable(countdown)) from exc
         for hooks in _hooks:
             hooks.settle(self)  # raises JournalLost: the task fails, never SUCCESS
         return result
@@ -118,6 +120,18 @@ class PlatformTask(Task):  # type: ignore[misc]
         if self.schedule_to_start is not None:
             options.setdefault("expires", self.schedule_to_start)
         return super().apply_async(args, kwargs, **options)
+
+    def _deliverable(self, countdown: float) -> float:
+        """`countdown` as the broker can delay it. On RabbitMQ quorum queues Celery delays a
+        message by native delayed delivery, in whole seconds, and refuses a countdown below one
+        (kombu's calculate_routing_key): there it is rounded up to a whole second."""
+        if countdown <= 0:
+            return countdown
+        with self.app.connection_for_write() as conn:  # no I/O: the transport's kind only
+            driver = conn.transport.driver_type
+        if not detect_quorum_queues(self.app, driver)[0]:
+            return countdown
+        return float(max(1, math.ceil(countdown)))
 
     def _count_delivery(self, task_id: str, args: Any, kwargs: Any) -> None:
         from tasks.app import settings

@@ -91,6 +91,13 @@ class Settings:
     tracing: bool = False
     tracing_exporter: str = "otlp"
 
+    # Liveness (tasks/heartbeat.py): a file the worker's main process touches every interval
+    # (unset: none). Probes read its age, so they never queue behind work.
+    worker_heartbeat_file: str | None = None
+    worker_heartbeat_interval: float = 5.0
+    # RabbitMQ quorum queues drop (or dead-letter) a message returned more often than this:
+    # a backstop above REDELIVERY_CAP, which dead-letters into the database first.
+    amqp_delivery_limit: int = 20
     @property
     def restock_nodes(self) -> tuple[str, ...]:
         """The Redis URL of every stock master, master 0 first."""
@@ -118,6 +125,12 @@ class Settings:
                 f"({self.soft_time_limit:g})"
             )
         if self.lease_ttl >= self.visibility_timeout:
+        if self.amqp_delivery_limit <= self.redelivery_cap:
+            raise SettingsError(
+                f"AMQP_DELIVERY_LIMIT ({self.amqp_delivery_limit}) must exceed REDELIVERY_CAP "
+                f"({self.redelivery_cap}), or RabbitMQ drops a poison message before the cap "
+                "dead-letters it"
+            )
             raise SettingsError(
                 f"LEASE_TTL ({self.lease_ttl:g}) must be below VISIBILITY_TIMEOUT "
                 f"({self.visibility_timeout})"
@@ -306,6 +319,9 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "tracing": ("TRACING", _flag),
     "tracing_exporter": ("TRACING_EXPORTER", _one_of("otlp", "console")),
 }
+    "worker_heartbeat_file": ("WORKER_HEARTBEAT_FILE", lambda _name, raw: raw),
+    "worker_heartbeat_interval": ("WORKER_HEARTBEAT_INTERVAL", _positive(float)),
+    "amqp_delivery_limit": ("AMQP_DELIVERY_LIMIT", _positive(int)),
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:

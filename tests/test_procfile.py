@@ -129,6 +129,25 @@ def test_compose_restarts_every_platform_service() -> None:
         assert spec["services"][name].get("restart") == "unless-stopped", name
 
 
+def test_compose_checks_the_health_of_every_service_and_persists_stock() -> None:
+    """Issue 13: Redis keeps stock on an append-only file on a volume; every service has a
+    health check, the worker's reading its heartbeat file (never a queued task)."""
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = spec["services"]
+    for name, service in services.items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
+    redis_argv = services["redis"]["command"]
+    assert redis_argv[redis_argv.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
+    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"]
+    assert "rabbitmq-diagnostics" in services["rabbitmq"]["healthcheck"]["test"]
+    worker_check = services["worker"]["healthcheck"]["test"]
+    assert worker_check[0] == "CMD-SHELL" and "$$WORKER_HEARTBEAT_FILE" in worker_check[1]
+    assert services["worker"]["environment"]["WORKER_HEARTBEAT_FILE"]
+    assert spec["x-platform"]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from celery import Celery
 
 from tasks.keys import deliveries_key
 from tests.ranges.cluster import Platform
@@ -41,6 +40,7 @@ from tests.rollback.test_workers import (
     test_the_soft_limit_rolls_back_before_the_failure_is_recorded,
     test_the_sweeper_rolls_back_a_task_killed_by_its_hard_time_limit,
 )
+from tests.support.brokers import platform_client
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
 from tests.support.workers import start_worker, wait_until
@@ -88,7 +88,7 @@ def platform(private_redis: RedisServer, amqp_url: str, tmp_path: Path,
         found = RollbackPlatform(engine, private_redis)
         found.env["BROKER_URL"] = amqp_url
         found.client.close()
-        found.client = Celery(broker=amqp_url, backend=private_redis.url)
+        found.client = platform_client(dict(found.env))
         yield found
         found.close()
         engine.dispose()
@@ -114,8 +114,7 @@ def test_a_whole_worker_killed_mid_task_hands_its_message_back_at_once(
     next worker's run is counted against REDELIVERY_CAP."""
     fresh_database(worker_env["DATABASE_URL"]).dispose()
     doomed = start_worker(worker_env, 1, "doomed")
-    app = Celery(broker=worker_env["BROKER_URL"], backend=worker_env["REDIS_URL"],
-                 set_as_current=False)
+    app = platform_client(worker_env)
     client = redis.Redis.from_url(worker_env["REDIS_URL"])
     try:
         result = app.send_task("devtools.samples.nap", [4.0])

@@ -15,13 +15,13 @@ from tasks.base import DEAD_LETTERED
 from tasks.deadletter import DeadLetters
 from tasks.retry import RetryPolicy
 from tasks.settings import SettingsError, load_settings
+from tests.support.brokers import platform_client
 from tests.support.workers import start_worker, wait_until
 
 
 def client_for(env: dict[str, str]) -> Celery:
     # BROKER_URL: the same tests run on RabbitMQ (tests/test_rabbitmq.py); results stay in Redis.
-    return Celery(broker=env.get("BROKER_URL", env["REDIS_URL"]), backend=env["REDIS_URL"],
-                  set_as_current=False)
+    return platform_client(env)
 
 
 @pytest.fixture

@@ -13,10 +13,15 @@ import shutil
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-__all__ = ["AMQP_HOST", "rabbitmq_missing", "rabbit_vhost"]
+from celery import Celery
+
+from tasks.app import amqp_options, is_amqp
+from tasks.settings import load_settings
+
+__all__ = ["AMQP_HOST", "platform_client", "rabbitmq_missing", "rabbit_vhost"]
 
 AMQP_HOST = os.environ.get("TEST_AMQP_HOST", "127.0.0.1:5672")
 
@@ -55,3 +60,15 @@ def rabbit_vhost(prefix: str = "rk_test") -> Iterator[str]:
         yield f"amqp://guest:guest@{AMQP_HOST}/{vhost}"
     finally:
         _ctl("delete_vhost", vhost)
+
+
+def platform_client(env: Mapping[str, str]) -> Celery:
+    """A bare Celery client for the platform that `env` configures, declaring its queues as the
+    platform does (on RabbitMQ: quorum queues on topic exchanges; a client declaring them
+    otherwise is refused with PRECONDITION_FAILED)."""
+    settings = load_settings(env)
+    client = Celery(broker=settings.broker_url, backend=settings.result_backend,
+                    set_as_current=False)
+    if is_amqp(settings.broker_url):
+        client.conf.update(amqp_options(settings))
+    return client
