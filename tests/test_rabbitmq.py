@@ -19,14 +19,21 @@ test shows the count going up on a whole worker's death, where Redis would wait 
 
 from __future__ import annotations
 
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from sqlalchemy.orm import sessionmaker
 
+from tasks.base import DEAD_LETTERED
+from tasks.deadletter import DeadLetters
 from tasks.keys import deliveries_key
+from tasks.resources import make_engine
+from tasks.settings import SettingsError, load_settings
 from tests.ranges.cluster import Platform
 from tests.ranges.test_chaos import (
     test_kill_9_of_a_worker_resumes_its_partition_elsewhere,
@@ -133,3 +140,48 @@ def test_a_whole_worker_killed_mid_task_hands_its_message_back_at_once(
     assert time.monotonic() - killed_at < 60
     assert int(client.get(deliveries_key(result.id)) or 0) == 1
     assert "delivery 2 of at most" in survivor.log.read_text()
+
+
+def _queues(amqp_url: str) -> dict[str, tuple[str, str]]:
+    """name -> (type, arguments) of every queue on the test's vhost, as RabbitMQ reports them."""
+    vhost = amqp_url.rsplit("/", 1)[1]
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", vhost, "--no-table-headers",
+                             "name", "type", "arguments"], capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split("\t") for line in listed.stdout.splitlines() if line.strip()]
+    return {row[0]: (row[1], row[2]) for row in rows}
+
+
+@pytest.mark.timeout(180)
+def test_the_queues_are_quorum_queues_and_the_cap_acts_below_their_delivery_limit(
+    migrated_env: dict[str, str], amqp_url: str
+) -> None:
+    """A poison message with REDELIVERY_CAP=3 on a quorum queue whose delivery limit is 4 (the
+    smallest the settings accept): the platform's cap dead-letters it into the database on its
+    fourth delivery, before RabbitMQ would drop it after a fifth."""
+    env = dict(migrated_env, REDELIVERY_CAP="3", AMQP_DELIVERY_LIMIT="4")
+    worker = start_worker(env, 1)
+    app = platform_client(env)
+    key = uuid.uuid4().hex
+    try:
+        queue_type, arguments = _queues(amqp_url)["celery"]
+        assert queue_type == "quorum"
+        assert "x-delivery-limit" in arguments and "4" in arguments, arguments
+        result = app.send_task("devtools.samples.poison", [key])
+        wait_until(lambda: result.state == DEAD_LETTERED, 150,
+                   f"the poison message dead-lettered: {worker.output()[-2000:]}")
+    finally:
+        worker.stop()
+        app.close()
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    assert int(client.get(f"sample:poison:{key}")) == 3
+    engine = make_engine(env["DATABASE_URL"])
+    letters = DeadLetters(sessionmaker(engine)).list("task")
+    engine.dispose()
+    assert [x.ref for x in letters] == [result.id]
+
+
+def test_a_delivery_limit_at_or_below_the_cap_is_refused() -> None:
+    with pytest.raises(SettingsError, match="AMQP_DELIVERY_LIMIT"):
+        load_settings({"REDELIVERY_CAP": "5", "AMQP_DELIVERY_LIMIT": "5"})
