@@ -1,9 +1,11 @@
 """`python -m bench range --db URL --rows N [--work trivial|cpu]`.
 
 Measures, in one run on the same database: a raw single-process keyset scan-and-update script
-(no leases, no Celery, the same batch size and per-row work), then the platform's `cm_data` job
-on 1 and on 2 real prefork worker processes. Prints rows/s of each, the ratios against the raw
-baseline, and a final JSON line.
+on SQLAlchemy Core (no leases, no Celery, the same batch size and per-row work), the same scan
+written on the bare database driver (sqlite3, psycopg or PyMySQL: what a user would write by
+hand), then the platform's `cm_data` job on 1 and on 2 real prefork worker processes. Prints
+rows/s of each, the ratios against the raw baseline (and the 1-worker rate against the driver
+script: `driver_ratio`), and a final JSON line.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import tempfile
 import time
@@ -19,7 +22,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, delete, func, make_url, select, update
 
 from devtools.demo import Fleet, reset_database, verify
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
@@ -56,6 +59,67 @@ def raw_scan(engine: Engine, batch: int, work: str) -> float:
         done += len(rows)
         next_id = rows[-1].id + 1
     return done / (time.perf_counter() - started)
+
+
+# The driver script's statements; `%s` placeholders (psycopg, PyMySQL), `?` for sqlite3.
+DRIVER_READ = ("SELECT id, payload FROM cm_data WHERE id >= %s AND status = 0 "
+               "ORDER BY id LIMIT %s")
+DRIVER_WRITE = ("UPDATE cm_data SET status = 1, processed_count = processed_count + 1 "
+                "WHERE id BETWEEN %s AND %s AND status = 0")
+
+
+def driver_scan(url: str, batch: int, work: str) -> float:
+    """The hand-written baseline on the bare driver: per batch, a keyset read, then one UPDATE
+    by the id range the read covered (exact here: one process, nothing else writes)."""
+    conn, style = _driver_connect(url)
+    read, write = DRIVER_READ.replace("%s", style), DRIVER_WRITE.replace("%s", style)
+    started = time.perf_counter()
+    done, next_id = 0, 0
+    try:
+        cursor = conn.cursor()
+        while True:
+            cursor.execute(read, (next_id, batch))
+            rows = cursor.fetchall()
+            if not rows:
+                conn.rollback()
+                break
+            if work == "cpu":
+                for row in rows:
+                    cpu_work(_Row(row[1]))
+            cursor.execute(write, (rows[0][0], rows[-1][0]))
+            conn.commit()
+            done += len(rows)
+            next_id = rows[-1][0] + 1
+    finally:
+        conn.close()
+    return done / (time.perf_counter() - started)
+
+
+class _Row:
+    """What `cpu_work` reads of a row."""
+
+    def __init__(self, payload: str) -> None:
+        self.payload = payload
+
+
+def _driver_connect(url: str) -> tuple[Any, str]:
+    """A plain DB-API connection to `url` (parsed only) and its placeholder style."""
+    parts = make_url(url)
+    backend = parts.get_backend_name()
+    if backend == "sqlite":
+        conn = sqlite3.connect(parts.database or "", timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")  # the platform's settings (tasks.resources)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn, "?"
+    if backend == "postgresql":
+        import psycopg
+
+        return psycopg.connect(parts.set(drivername="postgresql")
+                               .render_as_string(hide_password=False)), "%s"
+    import pymysql
+
+    return pymysql.connect(host=parts.host, port=parts.port or 3306, user=parts.username,
+                           password=parts.password or "", database=parts.database), "%s"
 
 
 def reset_rows(engine: Engine) -> None:
@@ -107,6 +171,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--parallelism", type=int, default=2,
                         help="threads per worker for the per-row work (cpu)")
+    parser.add_argument("--target-batch-s", type=float, default=0.25,
+                        help="the platform's adaptive batch time, starting from --batch "
+                             "(0: fixed batches of --batch rows, as the baselines use)")
     return parser.parse_args(argv)
 
 
@@ -128,10 +195,14 @@ def main(argv: list[str]) -> int:
         reset_rows(engine)
         raw = raw_scan(engine, args.batch, args.work)
         print(f"raw keyset scan-and-update: {raw:,.0f} rows/s")
+        reset_rows(engine)
+        driver = driver_scan(db_url, args.batch, args.work)
+        print(f"driver script (keyset read, UPDATE by id range): {driver:,.0f} rows/s")
         env = dict(os.environ, REDIS_URL=redis_url, DATABASE_URL=db_url, PYTHONPATH=str(ROOT),
                    CM_DATA_PARTITION_SIZE=str(max(args.rows // 8, 1)),
                    CM_DATA_BATCH_SIZE=str(args.batch), CM_DATA_WORK=args.work,
-                   CM_DATA_PARALLELISM=str(args.parallelism), LEASE_TTL="10",
+                   CM_DATA_PARALLELISM=str(args.parallelism),
+                   CM_DATA_TARGET_BATCH_S=str(args.target_batch_s), LEASE_TTL="10",
                    RECONCILE_INTERVAL="1")
         rates: dict[int, float] = {}
         exactly_once = True
@@ -149,6 +220,8 @@ def main(argv: list[str]) -> int:
             "one_worker_ratio": round(rates[1] / raw, 3),
             "two_worker_ratio": round(rates[2] / raw, 3),
             "exactly_once": exactly_once,
+            "driver_raw_rows_per_s": round(driver, 1),
+            "driver_ratio": round(rates[1] / driver, 3),
         }
         print(json.dumps(result))
         return 0 if exactly_once else 1

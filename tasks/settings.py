@@ -78,6 +78,8 @@ class Settings:
     cm_data_parallelism: int = 2
     cm_data_work: str = "trivial"
     cm_data_batch_delay: float = 0.0
+    # Adaptive batches for cm_data: seconds per batch to hold (0: fixed CM_DATA_BATCH_SIZE).
+    cm_data_target_batch_s: float = 0.0
     # Dead letters older than this are deleted by the periodic prune (beat, hourly).
     dead_letter_retention: float = 30 * 86400.0
     # A task message whose body is larger is refused when sent and when received.
@@ -310,6 +312,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "cm_data_parallelism": ("CM_DATA_PARALLELISM", _at_least(int, 1)),
     "cm_data_work": ("CM_DATA_WORK", _one_of("trivial", "cpu")),
     "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", _at_least(float, 0)),
+    "cm_data_target_batch_s": ("CM_DATA_TARGET_BATCH_S", _at_least(float, 0)),
     "restock_shards": ("RESTOCK_SHARDS", _positive(int)),
     "dead_letter_retention": ("DEAD_LETTER_RETENTION", _positive(float)),
     "max_message_bytes": ("MAX_MESSAGE_BYTES", _positive(int)),

@@ -13,6 +13,13 @@ message naming the variable):
 | `CM_DATA_PARALLELISM` | 2 | threads per batch for `ctx.map` |
 | `CM_DATA_WORK` | trivial | `cpu` adds real CPU work per row (benchmarks) |
 | `CM_DATA_BATCH_DELAY` | 0 | seconds each batch sleeps, so chaos tests can act mid-partition |
+| `CM_DATA_TARGET_BATCH_S` | 0 | seconds per batch to hold, sizing batches adaptively (0: fixed) |
+
+The effect is one UPDATE per batch. When the runner says the batch's rows are every row of
+their id range still to do (`ctx.span`: SQLite, where the batch holds the write lock from its
+read, and no quarantined row in the range), the UPDATE goes by that id range, `id BETWEEN first
+AND last AND status = 0`, which touches exactly the rows read; otherwise by the list of ids
+(docs/decisions.md, "Adaptive batches, skips and the driver baseline").
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, update
+from sqlalchemy import Row, and_, update
 
 from tasks.app import settings
 from tasks.models import CM_DATA, CmData
@@ -34,6 +41,8 @@ __all__ = ["cm_data", "mark_processed", "cpu_work", "CmDataConfig", "load_config
 
 CPU_ROUNDS = 2000
 WORK_KINDS = ("trivial", "cpu")
+MIN_BATCH = 100  # the bounds of an adaptive batch (CM_DATA_TARGET_BATCH_S)
+MAX_BATCH = 20_000  # its id list, when written by ids, stays under every driver's bind limit
 
 @dataclass(frozen=True)
 class CmDataConfig:
@@ -44,6 +53,7 @@ class CmDataConfig:
     parallelism: int = 2
     work: str = "trivial"
     batch_delay: float = 0.0
+    target_batch_s: float = 0.0
 
 
 def load_config(env: Mapping[str, str] | None = None) -> CmDataConfig:
@@ -56,6 +66,7 @@ def load_config(env: Mapping[str, str] | None = None) -> CmDataConfig:
         parallelism=found.cm_data_parallelism,
         work=found.cm_data_work,
         batch_delay=found.cm_data_batch_delay,
+        target_batch_s=found.cm_data_target_batch_s,
     )
 
 
@@ -74,9 +85,13 @@ def mark_processed(rows: Sequence[Row[Any]], ctx: Context) -> None:
     if CONFIG.batch_delay > 0:
         time.sleep(CONFIG.batch_delay)
     table = CM_DATA
+    if ctx.span is not None:
+        first, last = ctx.span
+        which = and_(table.c.id.between(first, last), table.c.status == 0)
+    else:
+        which = table.c.id.in_([row.id for row in rows])
     ctx.session.execute(
-        update(table)
-        .where(table.c.id.in_([row.id for row in rows]))
+        update(table).where(which)
         .values(status=1, processed_count=table.c.processed_count + 1, processed_fence=ctx.fence)
     )
 
@@ -91,5 +106,8 @@ cm_data = register(
         partition_size=CONFIG.partition_size,
         batch_size=CONFIG.batch_size,
         parallelism=CONFIG.parallelism,
+        target_batch_s=CONFIG.target_batch_s or None,
+        min_batch_size=MIN_BATCH,
+        max_batch_size=MAX_BATCH,
     )
 )

@@ -33,6 +33,8 @@ from sqlalchemy.orm import Session
 
 from tasks.keys import range_lease_name
 from tasks.ranges.planning import Partition
+from tasks.ranges.sizing import validate_sizing
+from tasks.ranges.skips import validate_skips
 from tasks.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
 
 __all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
@@ -57,6 +59,12 @@ class Context:
     `session` is the batch's transaction; `fence` is the lease's fencing token (store it beside
     an effect to show which holder made it); `map` runs a function over the rows on the job's
     thread pool and returns the results in order.
+
+    `span` is `(first id, last id)` of the rows when they are *every* row of that id range that
+    matches the job's filter, and nothing can add one before the batch commits (SQLite: the
+    batch holds the write lock from its read on); a job may then write by the id range
+    (`id BETWEEN first AND last AND <filter>`) instead of by the list of ids. None otherwise
+    (a skipped row lies in the range, or another database where a row can commit in between).
     """
 
     session: Session
@@ -64,6 +72,7 @@ class Context:
     job: RangeJob
     partition: Partition
     pool: ThreadPoolExecutor | None = None
+    span: tuple[int, int] | None = None
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         if self.pool is None:
@@ -89,6 +98,16 @@ class RangeJob:
     # each batch whose truthy answer (e.g. replication lag too high) makes the run wait.
     rows_per_s: float | None = None
     throttle_on: Callable[[RangeJob], object] | None = None
+    # Adaptive batches (tasks.ranges.sizing): with `target_batch_s` the batch size starts at
+    # `batch_size` and moves between the bounds to hold that time per batch.
+    target_batch_s: float | None = None
+    min_batch_size: int = 1
+    max_batch_size: int = 100_000
+    # Skip policy (tasks.ranges.skips): a row whose processing raises one of `skip_on` is
+    # quarantined as a dead letter and the batch goes on without it, up to `skip_limit` rows
+    # per partition; past that the partition fails.
+    skip_on: tuple[type[Exception], ...] = ()
+    skip_limit: int = 0
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
@@ -98,6 +117,9 @@ class RangeJob:
         for attr in ("partition_size", "batch_size", "parallelism"):
             if getattr(self, attr) <= 0:
                 raise ValueError(f"range job {self.name}: {attr} must be positive")
+        validate_sizing(self.name, self.target_batch_s, self.min_batch_size,
+                        self.max_batch_size)
+        validate_skips(self.name, self.skip_on, self.skip_limit)
         if self.rows_per_s is not None and not 0 <= self.rows_per_s < float("inf"):
             raise ValueError(f"range job {self.name}: rows_per_s must be a finite number >= 0")
         for column in (self.id_column, *self.columns):

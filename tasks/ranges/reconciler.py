@@ -42,6 +42,7 @@ from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.planning import StoredPlan, plan_after
 from tasks.ranges.runs import enforce, settle_run
+from tasks.ranges.skips import left_to_do
 
 __all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs"]
 
@@ -224,8 +225,7 @@ def _settle(sessions: sessionmaker[Session], job: RangeJob, term: int, settle: f
             WORK.c.status.in_((S.DONE, S.EMPTY)), WORK.c.settled_at.is_(None),
             WORK.c.finished_at <= cutoff)).all()
         late = {r.part for r in due if session.execute(
-            select(job.id_col).where(job.id_col >= r.lo, job.id_col <= r.hi, job.where)
-            .limit(1)).first() is not None}
+            left_to_do(session, job, r.part, r.lo, r.hi)).first() is not None}
     if not due:
         return True
     with sessions.begin() as session:

@@ -125,7 +125,8 @@ class PartitionRunner:
             self.row.dead_letter(lease.fence, claimed, self.crash_cap)
             return Outcome.FAILED
         batches = self.batches = Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
-                                         next_id=claimed.next_id, clock=self.clock)
+                                         next_id=claimed.next_id, clock=self.clock,
+                                         lease_ttl=self.lease_ttl)
         pool = (ThreadPoolExecutor(self.job.parallelism, thread_name_prefix=f"{self.job.name}")
                 if self.job.parallelism > 1 else None)
         try:
