@@ -57,14 +57,16 @@ def master_of(shard: int, masters: int) -> int:
     return shard % masters
 
 
-def connect_shards(clients: Sequence[Any], shards: int) -> list[StockNode]:
+def connect_shards(clients: Sequence[Any], shards: int,
+                   clock: Callable[[], int] | None = None) -> list[StockNode]:
     """One StockNode per shard, shard 0 first: shard N on ``clients[N % len(clients)]``.
 
-    Shards of one client share its StockScripts and Leases (one keeper per master).
+    Shards of one client share its StockScripts and Leases (one keeper per master). `clock`
+    stands in for the masters' Redis TIME in tests.
     """
     if not clients or shards < 1:
         raise ValueError("stock shards need at least one client and one shard")
-    per_client = [(client, StockScripts(client), Leases(client)) for client in clients]
+    per_client = [(client, StockScripts(client, clock), Leases(client)) for client in clients]
     nodes = []
     for shard in range(shards):
         client, scripts, leases = per_client[master_of(shard, len(clients))]

@@ -1,10 +1,12 @@
-"""Restock fixtures: two real redis-server nodes, a fresh database, and a fake clock that
-stands for the nodes' own clock (Redis TIME), shared by every shop, drainer and rebuilder."""
+"""Restock fixtures: two real redis-server nodes (or any clients: a Redis Cluster), a fresh
+database, and a fake clock that stands for the nodes' own clock (Redis TIME), shared by every
+shop, drainer and rebuilder."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import redis
@@ -15,7 +17,7 @@ from tasks.models import ORDER_ITEMS, SKUS, ItemState
 from tasks.restock.drain import Drainer
 from tasks.restock.keys import deducted_key, stock_key
 from tasks.restock.maintenance import Rebuilder
-from tasks.restock.nodes import StockNode
+from tasks.restock.nodes import StockNode, close_shards, connect_shards
 from tasks.restock.routing import Router
 from tasks.restock.shop import Shop
 from tasks.settings import Settings
@@ -42,12 +44,19 @@ class FakeClockMs:
 
 @dataclass
 class World:
-    """A shop on two Redis nodes, with one drainer and one rebuilder per node."""
+    """A shop on two Redis nodes, with one drainer and one rebuilder per shard.
+
+    By default one shard per server (shard i on server i); `shards` and `make_clients` put
+    that many shards on the clients it returns (shard N on client N % clients), e.g. one
+    RedisCluster client for every shard.
+    """
 
     sessions: sessionmaker[Session]
     servers: list[RedisServer]
     clock: FakeClockMs
     capacity: int = 100_000
+    shards: int = 0  # 0: one per server
+    make_clients: Callable[[], list[Any]] | None = None
     nodes: list[StockNode] = field(default_factory=list)
     shop: Shop = field(init=False)
     drainers: list[Drainer] = field(default_factory=list)
@@ -56,17 +65,15 @@ class World:
     def __post_init__(self) -> None:
         # The queue names by the platform's one rule (Settings.restock_queue_names).
         queues = Settings(restock_queues=QUEUES).restock_queue_names
-        self.router = Router(shards=len(self.servers), queues=queues)
+        self.router = Router(shards=self.shards or len(self.servers), queues=queues)
         self.connect()
 
     def connect(self) -> None:
-        for node in self.nodes:
-            node.close()
-            node.client.close()
-        self.nodes = [StockNode.on(i, redis.Redis(port=s.port, socket_timeout=0.5,
-                                                  socket_connect_timeout=0.5),
-                                   clock=self.clock)
-                      for i, s in enumerate(self.servers)]
+        close_shards(self.nodes)
+        clients = self.make_clients() if self.make_clients else [
+            redis.Redis(port=s.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+            for s in self.servers]
+        self.nodes = connect_shards(clients, self.router.shards, clock=self.clock)
         self.shop = Shop(self.sessions, [n.scripts for n in self.nodes], self.router)
         self.drainers = [Drainer(self.sessions, n, batch=7, delay_ms=DELAY_MS,
                                  capacity=self.capacity, lease_ttl=2.0)
@@ -76,9 +83,7 @@ class World:
                            for n in self.nodes]
 
     def close(self) -> None:
-        for node in self.nodes:
-            node.close()
-            node.client.close()
+        close_shards(self.nodes)
 
     def settle(self) -> None:
         """Sync and drain every queue of every node once."""

@@ -1,8 +1,10 @@
-"""Random restock workloads on two real Redis nodes (hypothesis): the invariants hold.
+"""Random restock workloads on two real Redis nodes, and on a 3-master Redis Cluster
+(hypothesis): the invariants hold.
 
 Each example places random orders, pays some, lets time pass, drains, re-delivers the redo
 log, bumps terms with rebuilds, opens a maintenance window, crashes a drainer between its
-payment lookup and its restock, and restarts a Redis node (which comes back empty). After
+payment lookup and its restock, and restarts a Redis node (which comes back empty); on the
+cluster, that last step moves the shard's slot to another master instead (resharding). After
 every settle, and at the end once every delay has passed, for every SKU:
 
     free stock in Redis + stock held by unpaid items + stock of paid items == total
@@ -14,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from redis.crc import key_slot
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -32,10 +36,17 @@ from tasks.models import (
     SKUS,
     ItemState,
 )
-from tasks.restock.keys import delay_key, maintenance_lease_name, redo_cursor_key, redo_key
+from tasks.restock.keys import (
+    delay_key,
+    maintenance_lease_name,
+    redo_cursor_key,
+    redo_key,
+    shard_tag,
+)
 from tasks.restock.shop import OrderError, OrderExpired, OrderPending, StockUnavailable
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.db import fresh_database
+from tests.support.redis_cluster import Cluster, redis_cluster
 from tests.support.redis_server import RedisServer
 
 SKUS_TOTAL = {"sku-a": 12, "sku-b": 7, "sku-d": 9, "sku-e": 5}  # a, b on node 0; d, e on 1
@@ -82,8 +93,9 @@ ops = st.lists(
 
 
 class Workload:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, cluster: Cluster | None = None) -> None:
         self.w = world
+        self.cluster = cluster
         self.orders: list[str] = []
         self.items = 0
 
@@ -165,6 +177,10 @@ class Workload:
             drainer.before_restock = None
 
     def op_restart(self, node: int) -> None:
+        if self.cluster is not None:  # reshard: the shard's slot moves to the next master
+            slot = key_slot(shard_tag(node).encode())
+            self.cluster.move_slot(slot, (self.cluster.owner_of(slot) + 1) % 3)
+            return
         self.w.servers[node].restart()
         self.w.rebuilders[node].rebuild()  # due at once: the node lost its schedule
 
@@ -187,17 +203,17 @@ def reset(world: World, engine: Engine) -> None:
         world.shop.define_sku(sku, total)
 
 
-# 120 workloads with Redis restarts: about a minute alone, more beside the parallel suite.
-@pytest.mark.timeout(480)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(script=ops)
-def test_random_workloads_keep_every_invariant(
-    servers: list[RedisServer], engine: Engine, script: list[tuple[Any, ...]]
-) -> None:
-    world = World(sessionmaker(engine, expire_on_commit=False), servers, FakeClockMs())
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with redis_cluster(masters=3) as started:
+        yield started
+
+
+def check_workload(world: World, engine: Engine, script: list[tuple[Any, ...]],
+                   cluster: Cluster | None = None) -> None:
     try:
         reset(world, engine)
-        work = Workload(world)
+        work = Workload(world, cluster)
         for op in script:
             work.run(op)
         work.finish()
@@ -218,3 +234,29 @@ def test_random_workloads_keep_every_invariant(
         assert DeadLetters(world.sessions).list() == []
     finally:
         world.close()
+
+
+# 120 workloads with Redis restarts: about a minute alone, more beside the parallel suite.
+@pytest.mark.timeout(480)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=ops)
+def test_random_workloads_keep_every_invariant(
+    servers: list[RedisServer], engine: Engine, script: list[tuple[Any, ...]]
+) -> None:
+    world = World(sessionmaker(engine, expire_on_commit=False), servers, FakeClockMs())
+    check_workload(world, engine, script)
+
+
+# The same workloads on a 3-master cluster: two shards on one RedisCluster client, a restart
+# replaced by moving the shard's slot to another master. Fewer examples (slower round trips),
+# derandomized: a fixed set, so the suite does not search afresh on every run.
+@pytest.mark.timeout(300)
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(script=ops)
+def test_random_workloads_keep_every_invariant_on_a_cluster(
+    cluster: Cluster, engine: Engine, script: list[tuple[Any, ...]]
+) -> None:
+    world = World(sessionmaker(engine, expire_on_commit=False), [], FakeClockMs(), shards=2,
+                  make_clients=lambda: [cluster.client(socket_timeout=2.0)])
+    check_workload(world, engine, script, cluster)
