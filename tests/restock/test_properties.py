@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from redis.crc import key_slot
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.crc import key_slot
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import sessionmaker
 
