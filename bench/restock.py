@@ -1,4 +1,5 @@
-"""`python -m bench restock [--entries N] [--db URL] [--paid FRACTION]`.
+"""`python -m bench restock [--entries N] [--db URL] [--paid FRACTION]` (one Redis; with
+`--cluster`: bench/restock_cluster.py, on a cluster the bench starts).
 
 Measures, in one run on the same Redis and database, the time to sync and restock N due redo
 entries (a share of their orders paid):
@@ -33,12 +34,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from devtools.demo import reset_database
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
+from lease import Leases
 from tasks.db import utcnow
 from tasks.migrate import upgrade
 from tasks.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.resources import make_engine
 from tasks.restock.drain import Drainer
-from tasks.restock.keys import deduct_keys, delay_key, drain_lock_key, stock_key
+from tasks.restock.keys import deduct_keys, delay_key, drain_lease_name, stock_key
 from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import RedoEntry, parse_entry
 from tasks.restock.replies import ACTIONS, Action
@@ -127,8 +129,9 @@ def run_baseline(sessions: sessionmaker[Session], client: redis.Redis, entries: 
                  ) -> tuple[float, int]:
     """The seed's way: per entry one sync call, one payment query, one restock call."""
     scripts = StockScripts(client)
-    token = "b" * 32
-    client.set(drain_lock_key(NODE, QUEUE), token)
+    leases = Leases(client)
+    lease = leases.acquire(drain_lease_name(NODE, QUEUE), ttl=3600.0, renew=False)
+    token = lease.token
     now = _due_time(entries)
     accounted = 0
     started = time.perf_counter()
@@ -144,7 +147,10 @@ def run_baseline(sessions: sessionmaker[Session], client: redis.Redis, entries: 
             (result,) = scripts.restock(NODE, QUEUE, token, [(entry, state == ItemState.PAID)])
             assert ACTIONS[result.status] in (Action.RESTOCKED, Action.SKIPPED)
             accounted += 1
-    return time.perf_counter() - started, accounted
+    elapsed = time.perf_counter() - started
+    lease.release()
+    leases.close()
+    return elapsed, accounted
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -159,6 +165,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
+    if "--cluster" in argv:
+        from bench.restock_cluster import main as on_cluster
+
+        return on_cluster(argv)
     args = _parse(argv)
     try:
         redis_url, embedded = demo_redis(BENCH_REDIS_DB, "bench")

@@ -1,0 +1,209 @@
+"""`python -m bench restock --cluster [--entries N] [--paid F] [--shards S]`.
+
+The restock benchmark on a Redis Cluster the bench starts itself (bench/cluster.py), with 1
+and with 3 masters: N redo entries spread over S logical shards (SKUs of every shard), each
+shard's slot placed on master shard % masters (what an operator's resharding does to balance
+shards), then
+
+- platform: per shard `Drainer.sync` and `Drainer.drain` (batches of 100), the shards drained
+  by 4 threads;
+- baseline, the seed's way on the same cluster: per entry one sync call, one payment query and
+  one restock call.
+
+Prints each master's share of the entries and a JSON line per master count:
+{"masters", "entries", "shards", "platform_entries_per_s", "per_entry_baseline_per_s",
+"ratio", "shares", "max_share_deviation", "lost", "double_restocks"}; then one with
+"throughput_3_vs_1" (on this 2-core machine three masters cannot triple it: watch it not fall).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, cast
+
+from redis.crc import key_slot
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from bench.cluster import BenchCluster, bench_cluster
+from tasks.db import utcnow
+from tasks.migrate import upgrade
+from tasks.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
+from tasks.resources import make_engine
+from tasks.restock.drain import Drainer
+from tasks.restock.keys import delay_key, drain_lease_name, shard_tag, stock_key
+from tasks.restock.nodes import StockNode, close_shards, connect_shards
+from tasks.restock.redolog import parse_entry
+from tasks.restock.routing import Router
+
+__all__ = ["main"]
+
+QUEUE = "q0"
+T0 = 1_700_000_000_000
+DELAY_MS = 1_000
+START_STOCK = 10**9
+SKUS_PER_SHARD = 4
+
+
+def _skus(shards: int) -> dict[int, list[str]]:
+    """SKUS_PER_SHARD SKU ids of each shard (found by the router's own mapping)."""
+    router, found = Router(shards, (QUEUE,)), {s: [] for s in range(shards)}  # type: ignore[var-annotated]
+    n = 0
+    while any(len(v) < SKUS_PER_SHARD for v in found.values()):
+        sku = f"sku-{n}"
+        if len(found[router.shard_for(sku)]) < SKUS_PER_SHARD:
+            found[router.shard_for(sku)].append(sku)
+        n += 1
+    return found
+
+
+def prepare(engine: Engine, nodes: list[StockNode], entries: int, paid: float
+            ) -> tuple[int, int, Counter[int]]:
+    """Fresh tables and keys; `entries` deductions spread over the shards, a `paid` share
+    paid. Returns (unpaid units, stock before, entries per shard)."""
+    nodes[0].client.flushall()
+    upgrade(engine)
+    with engine.begin() as conn:
+        for table in (ORDER_ITEMS, ORDERS, SKUS):
+            conn.execute(table.delete())
+    rng = random.Random(7)
+    by_shard = _skus(len(nodes))
+    with engine.begin() as conn:
+        conn.execute(insert(SKUS), [{"sku_id": s, "redis_id": shard, "total": START_STOCK,
+                                     "created_at": utcnow()}
+                                    for shard, skus in by_shard.items() for s in skus])
+    for shard, skus in by_shard.items():
+        nodes[shard].client.hset(stock_key(shard), mapping=dict.fromkeys(skus, START_STOCK))
+    items, per_shard = [], Counter[int]()
+    for i in range(entries):
+        shard = rng.randrange(len(nodes))
+        sku, qty = rng.choice(by_shard[shard]), rng.randint(1, 3)
+        nodes[shard].scripts.deduct(shard, QUEUE, f"i-{i}", sku, qty, "m-1")
+        items.append((f"i-{i}", sku, qty, shard, rng.random() < paid))
+        per_shard[shard] += 1
+    with engine.begin() as conn:
+        conn.execute(insert(ORDERS), [{"order_id": f"o-{oid}", "member_id": "m-1",
+                                       "created_at": utcnow()} for oid, *_ in items])
+        conn.execute(insert(ORDER_ITEMS), [
+            {"order_item_id": oid, "order_id": f"o-{oid}", "sku_id": sku, "qty": qty,
+             "redis_id": shard, "queue": QUEUE,
+             "state": ItemState.PAID if is_paid else ItemState.HELD, "time_ms": T0,
+             "updated_at": utcnow()} for oid, sku, qty, shard, is_paid in items])
+    unpaid = sum(qty for _, _, qty, _, is_paid in items if not is_paid)
+    return unpaid, _stock(nodes), per_shard
+
+
+def _stock(nodes: list[StockNode]) -> int:
+    return sum(int(v) for n in nodes for v in n.client.hvals(stock_key(n.redis_id)))
+
+
+def run_platform(sessions: sessionmaker[Session], nodes: list[StockNode], now: int) -> int:
+    def one(node: StockNode) -> int:
+        drainer = Drainer(sessions, node, batch=100, delay_ms=DELAY_MS, lease_ttl=30.0)
+        drainer.sync(QUEUE, count=1000)
+        report = drainer.drain(QUEUE)
+        return sum(report.statuses.values()) + report.dead_lettered
+
+    with ThreadPoolExecutor(4) as pool:
+        return sum(pool.map(one, nodes))
+
+
+def run_baseline(sessions: sessionmaker[Session], nodes: list[StockNode], now: int) -> int:
+    accounted = 0
+    for node in nodes:
+        shard, scripts = node.redis_id, node.scripts
+        lease = node.leases.acquire(drain_lease_name(shard, QUEUE), ttl=3600.0, renew=False)
+        token = lease.token
+        while scripts.sync(shard, QUEUE, count=1, delay_ms=DELAY_MS):
+            pass
+        while members := node.client.zrangebyscore(delay_key(shard, QUEUE), "-inf", now,
+                                                   start=0, num=100):
+            for member in members:
+                entry = parse_entry(cast(bytes, member))
+                with sessions() as session:
+                    state = session.execute(select(ORDER_ITEMS.c.state).where(
+                        ORDER_ITEMS.c.order_item_id == entry.order_item_id)).scalar()
+                scripts.restock(shard, QUEUE, token, [(entry, state == ItemState.PAID)])
+                accounted += 1
+        lease.release()
+    return accounted
+
+
+def measure(cluster: BenchCluster, engine: Engine, args: argparse.Namespace) -> dict[str, Any]:
+    """Both runs on `cluster`; the figures of one JSON line."""
+    masters = len(cluster.ports)
+    for shard in range(args.shards):  # balance the shards: shard N on master N % masters
+        cluster.assign(key_slot(shard_tag(shard).encode()), shard % masters)
+    client = cluster.client(socket_timeout=10.0)
+    nodes = connect_shards([client], args.shards)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    figures: dict[str, float] = {}
+    checks = {"lost": 0, "double_restocks": 0}
+    shares: Counter[int] = Counter()
+    try:
+        for name, run in (("baseline", run_baseline), ("platform", run_platform)):
+            unpaid, before, per_shard = prepare(engine, nodes, args.entries, args.paid)
+            time.sleep(DELAY_MS / 1000 + 0.3)  # every entry due by the masters' clocks
+            started = time.perf_counter()
+            accounted = run(sessions, nodes, int(time.time() * 1000) + 10**6)
+            seconds = time.perf_counter() - started
+            returned = _stock(nodes) - before
+            left = sum(client.zcard(delay_key(n.redis_id, QUEUE)) for n in nodes)
+            checks["lost"] += max(args.entries - accounted, 0) + left
+            checks["lost"] += max(unpaid - returned, 0)
+            checks["double_restocks"] += max(returned - unpaid, 0)
+            figures[name] = args.entries / seconds
+            print(f"{masters} master(s), {name}: {args.entries:,} entries in {seconds:.2f}s "
+                  f"= {figures[name]:,.0f} entries/s")
+        for shard, count in per_shard.items():
+            shares[cluster.owner(key_slot(shard_tag(shard).encode()))] += count
+    finally:
+        close_shards(nodes)
+    share = [round(shares[m] / args.entries, 3) for m in range(masters)]
+    return {"masters": masters, "entries": args.entries, "shards": args.shards,
+            "platform_entries_per_s": round(figures["platform"], 1),
+            "per_entry_baseline_per_s": round(figures["baseline"], 1),
+            "ratio": round(figures["platform"] / figures["baseline"], 2), "shares": share,
+            "max_share_deviation": round(max(abs(s * masters - 1) for s in share), 3),
+            **checks}
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench restock --cluster",
+                                     description=__doc__)
+    parser.add_argument("--cluster", action="store_true", required=True)
+    parser.add_argument("--entries", type=int, default=20_000)
+    parser.add_argument("--paid", type=float, default=0.3, help="share of paid orders")
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--db", default=None, help="SQLAlchemy URL (default: a SQLite file)")
+    args = parser.parse_args(argv)
+    if args.entries <= 0 or args.shards <= 0 or not 0 <= args.paid <= 1:
+        parser.error("entries and shards must be > 0 and paid in [0, 1]")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for masters in (1, 3):
+            engine = make_engine(args.db or f"sqlite:///{Path(tmp) / f'bench{masters}.sqlite'}")
+            try:
+                with bench_cluster(masters) as cluster:
+                    lines.append(measure(cluster, engine, args))
+            finally:
+                engine.dispose()
+            print(f"{masters} master(s): platform / per-entry baseline "
+                  f"{lines[-1]['ratio']:.2f}x, shares {lines[-1]['shares']}")
+    for line in lines:
+        print(json.dumps(line))
+    print(json.dumps({"throughput_3_vs_1": round(
+        lines[1]["platform_entries_per_s"] / lines[0]["platform_entries_per_s"], 2)}))
+    return 0
