@@ -166,7 +166,7 @@ KEY_OWNERS = {
     "redo:": "tasks/restock/keys.py", "redo-cursor:": "tasks/restock/keys.py",
     "offset:": "tasks/restock/keys.py", "offsets:": "tasks/restock/keys.py",
     "delay:": "tasks/restock/keys.py", "drain-attempts:": "tasks/restock/keys.py",
-    "rebuild-attempts:": "tasks/restock/keys.py", "{node:": "tasks/restock/keys.py",
+    "rebuild-attempts:": "tasks/restock/keys.py", "{stock:": "tasks/restock/keys.py",
     "saga:": "tasks/examples/saga.py",
     "rangekeeper:scratch": "devtools/embedded.py",
 }
