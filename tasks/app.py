@@ -17,6 +17,7 @@ from kombu import Exchange, Queue
 from tasks import brokerfix, flowerguard, heartbeat, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
 from tasks.limits import bound_log_handlers, bounded_backend
 from tasks.logs import use_json
+from tasks.redisconn import is_sentinel
 from tasks.retry import check_policy
 from tasks.schedule import beat_schedule
 from tasks.settings import Settings, SettingsError, load_settings, redact
@@ -49,8 +50,10 @@ def configure(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         # The visibility timeout must be set in all three places to take effect everywhere.
-        "broker_transport_options": dict(visibility),
-        "result_backend_transport_options": dict(visibility),
+        "broker_transport_options": {**visibility, **sentinel_options(settings.broker_url,
+                                                                      settings)},
+        "result_backend_transport_options": {
+            **visibility, **sentinel_options(settings.result_backend, settings)},
         "visibility_timeout": settings.visibility_timeout,
         "task_soft_time_limit": settings.soft_time_limit,
         "task_time_limit": settings.time_limit,
@@ -81,6 +84,12 @@ HANDOVER_SECONDS = 5.0
 def soft_shutdown_timeout(settings: Settings) -> float:
     """`worker_soft_shutdown_timeout`: one batch (at most LEASE_TTL) plus the handover."""
     return settings.lease_ttl + HANDOVER_SECONDS
+
+
+def sentinel_options(url: str, settings: Settings) -> dict[str, Any]:
+    """The transport options a sentinel:// broker or result backend needs: the master's name
+    (kombu and Celery ask the sentinels for that master and follow its failovers)."""
+    return {"master_name": settings.sentinel_master} if is_sentinel(url) else {}
 
 
 def is_amqp(url: str) -> bool:

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
+from tasks.redisconn import redis_client
 from tasks.settings import Settings
 
 __all__ = ["Resources", "resources_for"]
@@ -42,10 +43,14 @@ class Resources:
     def redis(self) -> redis.Redis:
         with self._lock:
             if self._redis is None:
-                self._redis = redis.Redis.from_url(
-                    self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
-                    health_check_interval=30,
-                )
+                # REDIS_URL alone, a Redis Cluster (REDIS_CLUSTER_NODES) or a Sentinel master
+                # (sentinel://, SENTINEL_MASTER). Typed as redis.Redis: a RedisCluster answers
+                # every command the core sends (one key, or one hash tag, per call).
+                self._redis = cast(redis.Redis, redis_client(
+                    self.settings.redis_url, cluster_nodes=self.settings.redis_cluster_nodes,
+                    sentinel_master=self.settings.sentinel_master,
+                    socket_timeout=5, socket_connect_timeout=5, health_check_interval=30,
+                ))
             return self._redis
 
     @property

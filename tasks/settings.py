@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from tasks import redisconn
+
 __all__ = ["Settings", "SettingsError", "load_settings", "redact"]
 
 T = TypeVar("T")
@@ -25,6 +27,8 @@ DEFAULT_DATABASE_URL = "sqlite:///rangekeeper.sqlite"
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 BROKER_SCHEMES = (*REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
+# REDIS_URL, BROKER_URL and RESULT_BACKEND may also be a Sentinel URL list (SENTINEL_MASTER).
+SENTINEL_SCHEMES = ("sentinel",)
 
 
 class SettingsError(ValueError):
@@ -50,7 +54,8 @@ class Settings:
     # A finished partition is checked once more for rows committed late (a transaction that
     # was open across its closing read) this long after it finished.
     range_settle: float = 60.0
-    # Restock: one Redis URL per stock node (node N is the N-th; default: REDIS_URL alone).
+    # Restock: the stock Redis masters (default: REDIS_URL alone); shard N lives on master
+    # N % masters (one URL: every shard there; a cluster: wherever the shard's slot is).
     restock_redis_urls: tuple[str, ...] = ()
     # Logical stock shards (hash tag {stock:N}); a SKU's shard is crc32(SKU) % shards. Changing
     # it is a migration (docs/decisions.md, "Logical stock shards").
@@ -92,7 +97,6 @@ class Settings:
     # OpenTelemetry tracing (the `otel` extra, tasks/tracing.py) and where spans go.
     tracing: bool = False
     tracing_exporter: str = "otlp"
-
     # Liveness (tasks/heartbeat.py): a file the worker's main process touches every interval
     # (unset: none). Probes read its age, so they never queue behind work.
     worker_heartbeat_file: str | None = None
@@ -100,6 +104,12 @@ class Settings:
     # RabbitMQ quorum queues drop (or dead-letter) a message returned more often than this:
     # a backstop above REDELIVERY_CAP, which dead-letters into the database first.
     amqp_delivery_limit: int = 20
+    # REDIS_URL on a Redis Cluster: its seed nodes (host:port,...); REDIS_URL then gives only
+    # the password and must name db 0 (tasks/redisconn.py).
+    redis_cluster_nodes: tuple[str, ...] = ()
+    # The master every sentinel:// URL (REDIS_URL, BROKER_URL, RESULT_BACKEND) names.
+    sentinel_master: str | None = None
+
     @property
     def restock_nodes(self) -> tuple[str, ...]:
         """The Redis URL of every stock master, master 0 first."""
@@ -111,6 +121,7 @@ class Settings:
         return tuple(f"q{i}" for i in range(self.restock_queues))
 
     def __post_init__(self) -> None:
+        _check_redis_topology(self)
         if self.soft_time_limit >= self.time_limit:
             raise SettingsError(
                 f"SOFT_TIME_LIMIT ({self.soft_time_limit:g}) must be below "
@@ -126,13 +137,13 @@ class Settings:
                 f"RANGE_SLICE ({self.range_slice:g}) must be below SOFT_TIME_LIMIT "
                 f"({self.soft_time_limit:g})"
             )
-        if self.lease_ttl >= self.visibility_timeout:
         if self.amqp_delivery_limit <= self.redelivery_cap:
             raise SettingsError(
                 f"AMQP_DELIVERY_LIMIT ({self.amqp_delivery_limit}) must exceed REDELIVERY_CAP "
                 f"({self.redelivery_cap}), or RabbitMQ drops a poison message before the cap "
                 "dead-letters it"
             )
+        if self.lease_ttl >= self.visibility_timeout:
             raise SettingsError(
                 f"LEASE_TTL ({self.lease_ttl:g}) must be below VISIBILITY_TIMEOUT "
                 f"({self.visibility_timeout})"
@@ -175,9 +186,46 @@ def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
             )
         if scheme == "rediss":
             _check_ssl_cert_reqs(name, raw)
+        if scheme == "sentinel":
+            _check(name, raw, redisconn.parse_sentinel_url)
         return raw
 
     return parse
+
+
+def _check(name: str, raw: str, parse: Callable[[str], object]) -> None:
+    try:
+        parse(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={redact(raw)!r}: {exc}") from None
+
+
+def _cluster_nodes(name: str, raw: str) -> tuple[str, ...]:
+    _check(name, raw, redisconn.parse_cluster_nodes)
+    return redisconn.parse_cluster_nodes(raw)
+
+
+def _check_redis_topology(settings: Settings) -> None:
+    """Sentinel URLs need SENTINEL_MASTER; REDIS_CLUSTER_NODES needs a redis:// REDIS_URL
+    on db 0 (it gives only the cluster's password)."""
+    urls = {"REDIS_URL": settings.redis_url, "BROKER_URL": settings.broker_url,
+            "RESULT_BACKEND": settings.result_backend}
+    for name, url in urls.items():
+        if redisconn.is_sentinel(url) and not settings.sentinel_master:
+            raise SettingsError(f"{name} is a sentinel:// URL: set SENTINEL_MASTER to the "
+                                "name the sentinels monitor the master under")
+    if settings.redis_cluster_nodes:
+        url = settings.redis_url
+        if urlsplit(url).scheme not in ("redis", "rediss"):
+            raise SettingsError(f"REDIS_URL={redact(url)!r}: with REDIS_CLUSTER_NODES it must "
+                                "be redis:// or rediss:// (it gives the cluster's password)")
+        _check("REDIS_URL", url, _db_zero)
+
+
+def _db_zero(url: str) -> None:
+    if redisconn.url_db(url) != 0:
+        raise ValueError("names a database other than 0, and a Redis Cluster "
+                         "(REDIS_CLUSTER_NODES) has only database 0")
 
 
 SSL_CERT_REQS = ("required", "optional", "none", "cert_required", "cert_optional", "cert_none")
@@ -284,10 +332,20 @@ def _address(name: str, raw: str) -> str:
         raise SettingsError(f"{name}={raw!r} must be an IP address (e.g. 127.0.0.1)") from None
 
 
+def _sentinel_master(name: str, raw: str) -> str:
+    if not _MASTER_NAME.fullmatch(raw):
+        raise SettingsError(f"{name}={raw[:64]!r} must be a master name (letters, digits, "
+                            "'.', '-', '_')")
+    return raw
+
+
+_MASTER_NAME = re.compile(r"[\w.-]{1,128}")
+
+
 _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
-    "redis_url": ("REDIS_URL", _url(REDIS_SCHEMES)),
-    "broker_url": ("BROKER_URL", _url(BROKER_SCHEMES)),
-    "result_backend": ("RESULT_BACKEND", _url(REDIS_SCHEMES)),
+    "redis_url": ("REDIS_URL", _url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
+    "broker_url": ("BROKER_URL", _url((*BROKER_SCHEMES, *SENTINEL_SCHEMES))),
+    "result_backend": ("RESULT_BACKEND", _url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
     "database_url": ("DATABASE_URL", _database_url),
     "lease_ttl": ("LEASE_TTL", _positive(float)),
     "soft_time_limit": ("SOFT_TIME_LIMIT", _positive(float)),
@@ -298,6 +356,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "range_slice": ("RANGE_SLICE", _positive(float)),
     "range_settle": ("RANGE_SETTLE", _positive(float)),
     "restock_redis_urls": ("RESTOCK_REDIS_URLS", _url_list(REDIS_SCHEMES)),
+    "restock_shards": ("RESTOCK_SHARDS", _positive(int)),
     "restock_queues": ("RESTOCK_QUEUES", _positive(int)),
     "restock_delay": ("RESTOCK_DELAY", _positive(float)),
     "restock_capacity": ("RESTOCK_CAPACITY", _positive(int)),
@@ -313,7 +372,6 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "cm_data_work": ("CM_DATA_WORK", _one_of("trivial", "cpu")),
     "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", _at_least(float, 0)),
     "cm_data_target_batch_s": ("CM_DATA_TARGET_BATCH_S", _at_least(float, 0)),
-    "restock_shards": ("RESTOCK_SHARDS", _positive(int)),
     "dead_letter_retention": ("DEAD_LETTER_RETENTION", _positive(float)),
     "max_message_bytes": ("MAX_MESSAGE_BYTES", _positive(int)),
     "metrics_port": ("METRICS_PORT", _port),
@@ -321,10 +379,12 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "log_format": ("LOG_FORMAT", _one_of("text", "json")),
     "tracing": ("TRACING", _flag),
     "tracing_exporter": ("TRACING_EXPORTER", _one_of("otlp", "console")),
-}
     "worker_heartbeat_file": ("WORKER_HEARTBEAT_FILE", lambda _name, raw: raw),
     "worker_heartbeat_interval": ("WORKER_HEARTBEAT_INTERVAL", _positive(float)),
     "amqp_delivery_limit": ("AMQP_DELIVERY_LIMIT", _positive(int)),
+    "redis_cluster_nodes": ("REDIS_CLUSTER_NODES", _cluster_nodes),
+    "sentinel_master": ("SENTINEL_MASTER", _sentinel_master),
+}
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
