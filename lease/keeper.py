@@ -14,7 +14,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from lease.scripts import TOKEN_CHARS, LeaseScripts
+from lease.renewal import renewer_for
+from lease.scripts import LeaseScripts
 from lease.state import RENEW_FRACTION, RIPE_FRACTION, LeaseState
 from lease.stats import LeaseStats, Stats
 
@@ -40,11 +41,12 @@ class Keeper:
     One Keeper serves every lease acquired through its `Leases` (normally one per process).
     It runs two daemon threads, started lazily with the first lease:
 
-    - the *renewer* does the I/O: each tick is ONE ``renew_many`` script call covering every
-      tracked lease that is due (a third of its TTL since its last renewal; leases a sixth of
-      the way along ride along), whose holder called ``heartbeat()`` since that renewal, and
-      that is within its ``max_lifetime``. It sleeps until the next lease is due, or until a
-      heartbeat arrives for a lease that was due without one; it idles with no leases.
+    - the *renewer* does the I/O: each tick is ONE ``renew_many`` script call (one per slot,
+      pipelined, on a Redis Cluster: lease/renewal.py) covering every tracked lease that is
+      due (a third of its TTL since its last renewal; leases a sixth of the way along ride
+      along), whose holder called ``heartbeat()`` since that renewal, and that is within its
+      ``max_lifetime``. It sleeps until the next lease is due, or until a heartbeat arrives
+      for a lease that was due without one; it idles with no leases.
     - the *watchdog* does no I/O: it wakes at the earliest safe-until and marks overdue leases
       lost. It exists so a renewal stuck in a slow or retrying Redis call cannot delay the
       loss notice past safe-until.
@@ -76,6 +78,7 @@ class Keeper:
         self.clock = clock
         self.threads = threads
         self._scripts = LeaseScripts(client)
+        self._renew_many = renewer_for(client)  # one call, or one per cluster slot
         self._reset()
         _KEEPERS.add(self)
 
@@ -246,12 +249,10 @@ class Keeper:
         return batch
 
     def _do_renew_many(self, batch: list[_Renewal]) -> set[int]:
-        """One round trip renewing `batch`; returns the positions Redis refused."""
-        keys = [state.key for state, _, _ in batch]
-        tokens = "".join([state.token for state, _, _ in batch])
-        ttls = ",".join([str(max(1, round(ttl * 1000))) for _, ttl, _ in batch])  # ms(), inlined
-        refused = self._scripts.run(self._scripts.renew_many, keys, [TOKEN_CHARS, tokens, ttls])
-        return {int(i) - 1 for i in refused}
+        """One round trip (per cluster node) renewing `batch`; the positions Redis refused."""
+        keys, tokens = [s.key for s, _, _ in batch], [s.token for s, _, _ in batch]
+        ttls = [str(max(1, round(ttl * 1000))) for _, ttl, _ in batch]  # ms(), inlined
+        return self._renew_many(self._scripts, keys, tokens, ttls)
 
     def _apply(self, batch: list[_Renewal], refused: set[int], start: float) -> int:
         """Record Redis's answers for a tick's round trip that started at `start`."""

@@ -223,7 +223,9 @@ def _check_durations(
 
 def _blocking_cap(client: Any) -> float:
     """The longest BLPOP that cannot trip the client's own socket timeout."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    # A RedisCluster keeps its connections' options in its nodes manager.
+    owner = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
+    kwargs = getattr(owner, "connection_kwargs", {})
     socket_timeout = kwargs.get("socket_timeout")
     if not socket_timeout:
         return MAX_WAIT
