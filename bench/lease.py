@@ -1,4 +1,10 @@
-"""`python -m bench lease [--url URL] [--n N]`: lease operations against raw Redis baselines.
+"""`python -m bench lease [--url URL | --cluster] [--n N]`: lease operations against raw Redis
+baselines.
+
+With ``--cluster`` every side runs on a 3-master Redis Cluster the bench starts itself
+(bench/cluster.py; ``--masters`` to change the count), through a redis-py RedisCluster client:
+the raw baselines go through the same client, and the batch side is the keeper's round on a
+cluster (one renew_many per slot, pipelined per master: lease/renewal.py).
 
 Every ratio is platform ops/s divided by raw ops/s, measured in this run against the same
 Redis. The sides run in alternating chunks (rotating which goes first), so drift in the
@@ -12,7 +18,8 @@ machine's speed falls on all alike; a ratio is the median of the per-chunk ratio
 A third side, the lease's own script sent by a bare EVALSHA, shows how much of each gap is
 Redis running the script rather than the Python around it ("script alone").
 
-The last line printed is JSON: acquire_ratio, renew_ratio, release_ratio, batch_renew_speedup.
+The last line printed is JSON: acquire_ratio, renew_ratio, release_ratio, batch_renew_speedup
+(and, with --cluster, cluster_masters).
 """
 
 from __future__ import annotations
@@ -23,9 +30,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
+from bench.cluster import bench_cluster
 from devtools.embedded import NotScratch, claim_scratch, flush_scratch
 from lease import Keeper, Lease, Leases
 from lease.keys import fence_key, lease_key, waiting_key, wake_key
@@ -85,7 +95,15 @@ def _release_all(held: list[Lease]) -> None:
         lease.release()
 
 
-def bench_acquire_release(client: redis.Redis, leases: Leases, n: int) -> tuple[_Race, _Race]:
+def _flush(client: Any) -> None:
+    """Empty the benchmark's Redis: a scratch database, or the cluster the bench started."""
+    if isinstance(client, RedisCluster):
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        flush_scratch(client)
+
+
+def bench_acquire_release(client: Any, leases: Leases, n: int) -> tuple[_Race, _Race]:
     trivial, acquire_sha, release_sha = (
         client.script_load(text) for text in (TRIVIAL_LUA, ACQUIRE, RELEASE)
     )
@@ -116,11 +134,11 @@ def bench_acquire_release(client: redis.Redis, leases: Leases, n: int) -> tuple[
             "raw": lambda: [client.evalsha(trivial, 1, k, TOKEN) for k in raw_keys],  # noqa: B023
             "script": release_bare,
         })
-    flush_scratch(client)
+    _flush(client)
     return acquire, release
 
 
-def bench_renew(client: redis.Redis, leases: Leases, n: int) -> _Race:
+def bench_renew(client: Any, leases: Leases, n: int) -> _Race:
     trivial, renew_sha = (client.script_load(text) for text in (TRIVIAL_LUA, RENEW))
     held = [leases.acquire(f"bench:r:{i}", ttl=TTL) for i in range(CHUNK)]
     race = _Race()
@@ -135,7 +153,7 @@ def bench_renew(client: redis.Redis, leases: Leases, n: int) -> _Race:
     return race
 
 
-def bench_batch(client: redis.Redis, batch: int, rounds: int) -> _Race:
+def bench_batch(client: Any, batch: int, rounds: int) -> _Race:
     """Platform side: one keeper tick renewing `batch` leases; raw side: `batch` renew calls."""
     clock = _Clock()
     keeper = Keeper(client, clock=clock, threads=False)
@@ -165,18 +183,41 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--url", default=DEFAULT_URL,
                         help="Redis URL of an empty database (marked and then flushed) or of one "
                              "an earlier run marked; any other is refused")
+    parser.add_argument("--cluster", action="store_true",
+                        help="run on a Redis Cluster the bench starts (and stops) itself")
+    parser.add_argument("--masters", type=int, default=3, help="the cluster's masters")
     parser.add_argument("--n", type=int, default=5000, help="operations per side")
     parser.add_argument("--batch", type=int, default=1000, help="leases renewed per tick")
     parser.add_argument("--rounds", type=int, default=10, help="ticks in the batch comparison")
     args = parser.parse_args(argv)
 
-    try:
-        claim_scratch(args.url, "bench")
-    except NotScratch as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 2
-    client = redis.Redis.from_url(args.url)
-    flush_scratch(client)
+    if args.cluster:
+        with bench_cluster(masters=args.masters) as cluster:
+            client = cluster.client(socket_timeout=30)
+            races = _run(client, args)
+        extra = {"cluster_masters": args.masters}
+    else:
+        try:
+            claim_scratch(args.url, "bench")
+        except NotScratch as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return 2
+        races = _run(redis.Redis.from_url(args.url), args)
+        extra = {}
+    _report(*races, args)
+    print(json.dumps({
+        "acquire_ratio": round(races[0].ratio("platform"), 3),
+        "renew_ratio": round(races[1].ratio("platform"), 3),
+        "release_ratio": round(races[2].ratio("platform"), 3),
+        "batch_renew_speedup": round(races[3].ratio("platform"), 1),
+        **extra,
+    }))
+    return 0
+
+
+def _run(client: Any, args: argparse.Namespace) -> tuple[_Race, _Race, _Race, _Race]:
+    """(acquire, renew, release, batch) races on `client`, which is emptied before and after."""
+    _flush(client)
     leases = Leases(client)
     try:
         acquire, release = bench_acquire_release(client, leases, args.n)
@@ -184,9 +225,13 @@ def main(argv: list[str]) -> int:
         batch = bench_batch(client, args.batch, args.rounds)
     finally:
         leases.close()
-        flush_scratch(client)
+        _flush(client)
         client.close()
+    return acquire, renew, release, batch
 
+
+def _report(acquire: _Race, renew: _Race, release: _Race, batch: _Race,
+            args: argparse.Namespace) -> None:
     n = max(1, args.n // CHUNK) * CHUNK
     for label, race, baseline in (
         ("acquire", acquire, "raw SET NX PX"),
@@ -200,10 +245,3 @@ def main(argv: list[str]) -> int:
     print(f"batch    {args.batch} leases: one keeper tick {per_tick * 1000:.2f} ms, "
           f"{args.batch} renew calls {per_calls * 1000:.2f} ms, "
           f"speedup {batch.ratio('platform'):.1f}x")
-    print(json.dumps({
-        "acquire_ratio": round(acquire.ratio("platform"), 3),
-        "renew_ratio": round(renew.ratio("platform"), 3),
-        "release_ratio": round(release.ratio("platform"), 3),
-        "batch_renew_speedup": round(batch.ratio("platform"), 1),
-    }))
-    return 0
