@@ -9,8 +9,9 @@ On one database and two real prefork workers (plus beat), with the cm_data job:
   BATCH_DELAY s each, reported as batch_s);
 - resume_s: `resume` called -> the first batch committed after it;
 - throttle_error: |achieved - cap| / cap with a cap of CAP rows/s shared by both workers;
-- adaptive_batch_error: |median batch time - target| / target when `RangeJob` has a
-  `target_batch_s` field and cm_data a CM_DATA_TARGET_BATCH_S knob, else null.
+- adaptive_batch_error: |median batch time - target| / target over the second half of the
+  batches, with CPU work per row and CM_DATA_TARGET_BATCH_S=ADAPTIVE_TARGET (null when
+  `RangeJob` has no `target_batch_s`).
 
 The controls run in this process through `tasks.ranges.controls.Controls`, the code the Celery
 tasks and `python -m tasks jobs` run, so process start-up is not measured. The last line is
@@ -41,12 +42,14 @@ from tasks.examples.seed import seed_cm_data
 from tasks.migrate import upgrade
 from tasks.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK
 from tasks.models import PartitionStatus as S
+from tasks.ranges.jobs import RangeJob
 from tasks.resources import make_engine
 
 __all__ = ["main"]
 
 CAP = 2000.0  # rows per second for the throttle measurement
 BATCH_DELAY = 0.2  # seconds per batch in the pause measurement
+ADAPTIVE_TARGET = 0.2  # seconds per batch asked of adaptive sizing (CM_DATA_TARGET_BATCH_S)
 POLL = 0.005
 
 
@@ -142,30 +145,28 @@ def measure_pause_resume(engine: Engine, client: redis.Redis, controls: Any,
     return {"pause_s": paused - asked, "resume_s": first - resumed_at}
 
 
-def measure_adaptive(engine: Engine, celery: Celery, rows: int) -> float | None:
-    """|median batch time - target| / target, from the checkpoints' moves (polled)."""
-    from tasks.app import settings
-    from tasks.ranges.jobs import RangeJob
-
-    target = getattr(settings, "cm_data_target_batch_s", None)
-    if "target_batch_s" not in RangeJob.__dataclass_fields__ or not target:
-        return None
+def measure_adaptive(engine: Engine, celery: Celery) -> float | None:
+    """|median batch time - ADAPTIVE_TARGET| / ADAPTIVE_TARGET over the second half of the
+    batches (the time between a partition's checkpoint moves, polled), CPU work per row."""
     celery.send_task("tasks.ranges.start", ["cm_data"])
     seen: dict[int, tuple[int, float]] = {}
     gaps: list[float] = []
     while not all(s in (S.DONE, S.EMPTY) for s in _statuses(engine) or ["x"]):
         with engine.connect() as conn:
-            for part, next_id in conn.execute(select(WORK.c.part, WORK.c.next_id)).all():
-                now = time.monotonic()
-                if part in seen and seen[part][0] != next_id:
-                    gaps.append(now - seen[part][1])
-                if part not in seen or seen[part][0] != next_id:
-                    seen[part] = (next_id, now)
+            moves = conn.execute(select(WORK.c.part, WORK.c.next_id)).all()
+        now = time.monotonic()
+        for part, next_id in moves:
+            if part in seen and seen[part][0] != next_id:
+                gaps.append(now - seen[part][1])
+            if part not in seen or seen[part][0] != next_id:
+                seen[part] = (next_id, now)
         time.sleep(POLL)
     settled = gaps[len(gaps) // 2:]
     if not settled:
         return None
-    return abs(statistics.median(settled) - float(target)) / float(target)
+    median = statistics.median(settled)
+    print(f"adaptive batches: median {median:.3f}s for a target of {ADAPTIVE_TARGET}s")
+    return abs(median - ADAPTIVE_TARGET) / ADAPTIVE_TARGET
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -230,9 +231,15 @@ def _measure(engine: Engine, client: redis.Redis, redis_url: str, db_url: str, r
                 CM_DATA_BATCH_SIZE="200", CM_DATA_PARALLELISM="1", LEASE_TTL="10",
                 RECONCILE_INTERVAL="1")
     result: dict[str, Any] = {"db": engine.dialect.name, "rows": rows, "batch_s": BATCH_DELAY}
-    for name, env in (("fast", {"CM_DATA_BATCH_DELAY": "0"}),
-                      ("slow", {"CM_DATA_BATCH_DELAY": str(BATCH_DELAY),
-                                "CM_DATA_PARTITION_SIZE": str(max(rows // 4, 1))})):
+    fleets: list[tuple[str, dict[str, str]]] = [
+        ("fast", {"CM_DATA_BATCH_DELAY": "0"}),
+        ("slow", {"CM_DATA_BATCH_DELAY": str(BATCH_DELAY),
+                  "CM_DATA_PARTITION_SIZE": str(max(rows // 4, 1))})]
+    result["adaptive_batch_error"] = None
+    if "target_batch_s" in RangeJob.__dataclass_fields__:
+        fleets.append(("adaptive", {"CM_DATA_BATCH_DELAY": "0", "CM_DATA_WORK": "cpu",
+                                    "CM_DATA_TARGET_BATCH_S": str(ADAPTIVE_TARGET)}))
+    for name, env in fleets:
         _reset(engine, client)
         fleet = _fleet({**base, **env}, workdir, name)
         try:
@@ -240,10 +247,10 @@ def _measure(engine: Engine, client: redis.Redis, redis_url: str, db_url: str, r
                 result.update(measure_start_and_done(engine, celery, rows))
                 _reset(engine, client)
                 result["throttle_error"] = measure_throttle(engine, controls, celery, rows)
-                _reset(engine, client)
-                result["adaptive_batch_error"] = measure_adaptive(engine, celery, rows)
-            else:
+            elif name == "slow":
                 result.update(measure_pause_resume(engine, client, controls, celery))
+            else:
+                result["adaptive_batch_error"] = measure_adaptive(engine, celery)
         finally:
             fleet.stop_all()
     celery.close()

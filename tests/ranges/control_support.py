@@ -16,10 +16,11 @@ from tasks.keys import range_lease_name
 from tasks.models import RANGE_RUN_EVENTS, RANGE_RUNS, CmData
 from tasks.models import PartitionStatus as S
 from tests import SAMPLE_MODULES
-from tests.ranges.cluster import WORK, Platform
+from tests.ranges.cluster import Platform
 from tests.support.workers import ROOT
 
-__all__ = ["control_platform", "jobs_cli", "runs", "events", "holders", "processed", "idle"]
+__all__ = ["control_platform", "jobs_cli", "runs", "events", "holders", "processed", "idle",
+           "statuses"]
 
 DATA = CmData.__table__
 
@@ -72,5 +73,3 @@ def idle(cluster: Platform, job: str = "cm_data") -> bool:
 def statuses(cluster: Platform, job: str = "cm_data") -> set[str]:
     return {p.status for p in cluster.parts() if p.job == job}
 
-
-__all__ += ["statuses", "WORK"]
