@@ -165,7 +165,9 @@ def write_flags(client: Any, run: Run | None) -> None:
     values = {"state": stop, "rate": rate}
     gone = [field for field, value in values.items() if value is None]
     fields = {field: value for field, value in values.items() if value is not None}
-    with client.pipeline(transaction=True) as pipe:
+    # Not a MULTI (a Redis Cluster client pipelines without one): the two commands touch
+    # different fields, so a runner reading between them sees nothing inconsistent.
+    with client.pipeline(transaction=False) as pipe:
         if gone:
             pipe.hdel(key, *gone)
         if fields:
