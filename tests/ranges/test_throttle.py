@@ -17,9 +17,14 @@ import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
+from lease import Leases
 from tasks.examples.seed import seed_cm_data
+from tasks.keys import range_control_key
+from tasks.models import CM_DATA, CmData
 from tasks.models import PartitionStatus as S
 from tasks.ranges.controls import Controls
+from tasks.ranges.gate import BACKOFF_CAP, Gate
+from tasks.ranges.jobs import RangeJob
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import (
     control_platform,
@@ -109,3 +114,61 @@ def test_throttle_on_holds_the_job_without_losing_its_leases_and_pause_stops_the
     assert resumed.returncode == 0, resumed.stderr
     cluster.wait_finished()
     cluster.assert_exactly_once(10_000)
+
+
+class FakeClock:
+    """Time that moves only when the gate sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _job(**fields: object) -> RangeJob:
+    return RangeJob(name="gate_test", table=CM_DATA, where=CmData.status == 0,
+                    process=lambda rows, ctx: None, batch_size=100, **fields)  # type: ignore[arg-type]
+
+
+def test_throttle_on_backs_off_with_a_growing_capped_delay_in_slices(
+        redis_client: redis.Redis, leases: Leases) -> None:
+    answers = iter(["lag", "lag", "lag", "lag", "lag", "lag", "lag", None])
+    clock = FakeClock()
+    noted: list[float] = []
+    gate = Gate(redis_client, _job(throttle_on=lambda _job: next(answers)), lease_ttl=4.0,
+                note=noted.append, sleep=clock.sleep, clock=clock)
+    with leases.acquire("gate-test", ttl=4.0) as lease:
+        assert gate.before_batch(lease, 0) is None
+    assert noted == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, BACKOFF_CAP]
+    assert max(clock.sleeps) <= 1.0  # a quarter of the TTL: the lease is heartbeaten between
+    assert clock.now == pytest.approx(0.5 + 1 + 2 + 4 + 8 + 16 + BACKOFF_CAP)
+
+
+def test_two_gates_of_one_job_share_its_rate(redis_client: redis.Redis, leases: Leases) -> None:
+    job = _job()
+    redis_client.hset(range_control_key(job.name), "rate", 1000)  # 100 rows per 0.1 s
+    clock = FakeClock()  # the gates' waits pass at once; the server's TIME hardly moves
+    gates = [Gate(redis_client, job, 4.0, sleep=clock.sleep, clock=clock) for _ in range(2)]
+    waited = []
+    with leases.acquire("gate-test", ttl=4.0) as lease:
+        for i, gate in enumerate((*gates, *gates)):
+            before = clock.now
+            assert gate.before_batch(lease, 100 if i >= 2 else 0) is None
+            waited.append(clock.now - before)
+    # Four reservations of 100 rows from one arrival time, whichever gate asks (each gate's
+    # previous batch processed the 100 rows it reserved: nothing to give back).
+    assert waited == [0, pytest.approx(0.1, abs=0.02), pytest.approx(0.2, abs=0.02),
+                      pytest.approx(0.3, abs=0.02)]
+    with leases.acquire("gate-test-2", ttl=4.0) as lease:
+        # A batch that processed nothing (an empty closing read) gives its 100 rows back.
+        before = clock.now
+        assert gates[0].before_batch(lease, 0) is None
+        assert clock.now - before == pytest.approx(0.3, abs=0.02)
+        redis_client.hset(range_control_key(job.name), "state", "paused")
+        assert gates[1].before_batch(lease, 100) == "paused"
