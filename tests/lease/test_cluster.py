@@ -155,6 +155,23 @@ def test_a_tick_renews_a_slot_whose_keys_are_split_by_a_migration(
     assert not client.exists(lease_key(a.name), lease_key(b.name))
 
 
+def test_a_tick_follows_a_slot_that_moved_since_the_client_last_looked(
+        cluster: Cluster, client: RedisCluster, make_leases: Callable[..., Leases]) -> None:
+    clock = FakeClock()
+    keeper = Keeper(client, clock=clock, threads=False)
+    leases = make_leases(client, clock=clock, keeper=keeper)
+    held = [leases.acquire(f"stale:{i}", ttl=3.0) for i in range(10)]
+    slot = key_slot(lease_key(held[0].name).encode())
+    to = (cluster.owner_of(slot) + 1) % cluster.masters
+    assert cluster.move_slot(slot, to) == 2  # behind the client's back: its table is stale
+    for lease in held:
+        lease.heartbeat()
+    clock.advance(1.0)
+    assert keeper.tick() == 10  # the moved slot's call answered MOVED, sent again
+    assert client.nodes_manager.get_node_from_slot(slot).port == cluster.nodes[to].port
+    assert 2_500 < client.pttl(lease_key(held[0].name)) <= 3_000
+
+
 def test_a_held_lease_survives_its_slot_moving_to_another_master(
         cluster: Cluster, client: RedisCluster, make_leases: Callable[..., Leases]) -> None:
     leases = make_leases(client)
