@@ -34,7 +34,8 @@ def run_script(client: Any, script: Script, keys: Sequence[str | bytes],
     """EVALSHA `script` with `keys` (every key it touches) and `args`; return its reply. If the
     server lost the script (restart, SCRIPT FLUSH): one SCRIPT LOAD and a second EVALSHA,
     exactly as ``Script.__call__`` does, minus its per-call ``import`` (a few microseconds on
-    every round trip)."""
+    every round trip). On a RedisCluster client the EVALSHA goes to the master of the keys'
+    slot (all of `keys` must share one) and SCRIPT LOAD to every master."""
     try:
         return client.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
