@@ -400,6 +400,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         if raw:
             values[field] = parse(name, raw)
     redis_url = str(values.get("redis_url", DEFAULT_REDIS_URL))
+    if values.get("redis_cluster_nodes"):
+        for field, name in (("broker_url", "BROKER_URL"), ("result_backend", "RESULT_BACKEND")):
+            if field not in values:
+                raise SettingsError(
+                    f"REDIS_CLUSTER_NODES is set: set {name} too (Celery's Redis broker and "
+                    "result backend cannot use a Redis Cluster; a Redis, Sentinel or RabbitMQ)")
     values.setdefault("broker_url", redis_url)
     values.setdefault("result_backend", redis_url)
     return Settings(**values)  # type: ignore[arg-type]

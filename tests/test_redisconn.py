@@ -16,6 +16,7 @@ from tests.support.redis_cluster import redis_cluster
 from tests.support.redis_sentinel import MASTER_NAME, sentinel_group
 
 SENTINELS = "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380"
+SEPARATE_BROKER = {"BROKER_URL": "redis://b:6379/0", "RESULT_BACKEND": "redis://b:6379/1"}
 
 
 def test_a_plain_url_builds_a_redis_client(redis_url: str) -> None:
@@ -62,11 +63,14 @@ def test_bad_forms_are_refused(url: str, nodes: tuple[str, ...], master: str | N
      "BROKER_URL=.*sentinel://host:port"),
     ({"REDIS_CLUSTER_NODES": "127.0.0.1:7000,localhost"}, "REDIS_CLUSTER_NODES=.*host:port"),
     ({"REDIS_CLUSTER_NODES": "127.0.0.1:7000,"}, "REDIS_CLUSTER_NODES=.*no empty entry"),
-    ({"REDIS_CLUSTER_NODES": "h:7000", "REDIS_URL": "redis://:pw@h/4"},
+    ({"REDIS_CLUSTER_NODES": "h:7000", "REDIS_URL": "redis://:pw@h/4", **SEPARATE_BROKER},
      "REDIS_URL=.*only database 0"),
-    ({"REDIS_CLUSTER_NODES": "h:7000", "REDIS_URL": SENTINELS, "SENTINEL_MASTER": "m"},
-     "REDIS_URL=.*must be redis:// or rediss://"),
+    ({"REDIS_CLUSTER_NODES": "h:7000", "REDIS_URL": SENTINELS, "SENTINEL_MASTER": "m",
+      **SEPARATE_BROKER}, "REDIS_URL=.*must be redis:// or rediss://"),
     ({"SENTINEL_MASTER": "my master"}, "SENTINEL_MASTER="),
+    ({"REDIS_CLUSTER_NODES": "h:7000"}, "REDIS_CLUSTER_NODES is set: set BROKER_URL too"),
+    ({"REDIS_CLUSTER_NODES": "h:7000", "BROKER_URL": "amqp://h//"},
+     "REDIS_CLUSTER_NODES is set: set RESULT_BACKEND too"),
 ])
 def test_settings_refuse_bad_forms_naming_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message) as caught:
@@ -89,7 +93,9 @@ def test_settings_accept_sentinel_for_leases_broker_and_backend() -> None:
 def test_cluster_nodes_build_a_cluster_client_that_reaches_every_master() -> None:
     with redis_cluster(masters=3) as cluster:
         settings = load_settings({"REDIS_CLUSTER_NODES": cluster.seeds,
-                                  "REDIS_URL": "redis://127.0.0.1:6379/0"})
+                                  "REDIS_URL": "redis://127.0.0.1:6379/0",
+                                  "BROKER_URL": "redis://127.0.0.1:6379/0",
+                                  "RESULT_BACKEND": "redis://127.0.0.1:6379/0"})
         client = redis_client(settings.redis_url, cluster_nodes=settings.redis_cluster_nodes)
         assert isinstance(client, RedisCluster)
         for i in range(60):
