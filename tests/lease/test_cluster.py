@@ -4,6 +4,7 @@ slot migrating to another master."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -221,3 +222,15 @@ def test_scripts_are_loaded_again_on_masters_that_lost_them(
         cluster.node_client(i).script_flush()
     assert leases.acquire("flushed:new", ttl=3.0).fence == 1
     held[0].release()
+
+
+def test_bench_lease_runs_on_a_cluster_it_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.lease import main
+
+    assert main(["--cluster", "--n", "100", "--batch", "60", "--rounds", "2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["cluster_masters"] == 3
+    # The batch side checks that every tick renewed all 60 leases (it raises otherwise).
+    assert set(result) == {"acquire_ratio", "renew_ratio", "release_ratio",
+                           "batch_renew_speedup", "cluster_masters"}
+    assert all(value > 0 for value in result.values())
