@@ -127,3 +127,33 @@ def test_a_sentinel_client_follows_a_failover() -> None:
         assert client.get("before") == b"1"
         assert client.get("after") == b"2"
         client.close()
+
+
+def test_a_lease_on_sentinel_rides_out_a_failover_shorter_than_its_ttl() -> None:
+    from lease import Leases, NotAcquired
+    from tests.lease.conftest import heartbeating
+
+    with sentinel_group() as group:
+        client = redis_client(group.sentinel_urls, sentinel_master=MASTER_NAME,
+                              socket_timeout=1, socket_connect_timeout=1)
+        leases = Leases(client)
+        try:
+            lease = leases.acquire("ride", ttl=8.0)
+            client.wait(1, 2000)  # the replica has the lease: a failover keeps it
+            with heartbeating(lease):
+                renewed = leases.stats()["renewed"]
+                group.kill_master()
+                deadline = time.monotonic() + 20
+                while leases.stats()["renewed"] <= renewed + 1:  # renewed on the new master
+                    assert time.monotonic() < deadline, leases.stats()
+                    time.sleep(0.1)
+                lease.check()
+            with pytest.raises(NotAcquired):
+                leases.acquire("ride", ttl=8.0)
+            lease.release()
+            # A store passes its newest fence as the floor: a fence never repeats, even if the
+            # promoted replica had missed the counter's last INCR.
+            assert leases.acquire("ride", ttl=8.0, fence_floor=lease.fence).fence > lease.fence
+        finally:
+            leases.close()
+            client.close()
