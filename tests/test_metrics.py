@@ -17,6 +17,7 @@ from devtools.embedded import free_port
 from tasks.examples.seed import seed_cm_data
 from tasks.metrics import metrics_dir_root
 from tasks.models import WORK
+from tests.ranges.cluster import Platform
 from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer
 from tests.support.workers import celery_call, platform_env, start_worker, wait_until
@@ -74,6 +75,11 @@ def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
     assert value(after, "rangekeeper_lease_lost_total", reason="expired") == 0
     assert value(after, "rangekeeper_range_partitions", job="cm_data", state="done") == 3
     assert value(after, "rangekeeper_range_rows_done", job="cm_data") == 3000
+    # counted by the pool processes batch by batch: exactly the job's rows
+    assert value(after, "rangekeeper_range_rows_processed_total", job="cm_data") == 3000
+    assert value(after, "rangekeeper_range_batches_total", job="cm_data") >= 15
+    assert value(after, "rangekeeper_range_batch_seconds_count", job="cm_data") == \
+        value(after, "rangekeeper_range_batches_total", job="cm_data")
     assert value(after, "rangekeeper_restock_node_up", node="0") == 1
     assert not pid_dir.exists()  # removed at shutdown
     exported = {name for name, _labels in after}
@@ -127,3 +133,34 @@ def test_json_logs_carry_the_task_and_never_a_password(
     mine = [r for r in records if r.get("task_id") == task_id]
     assert mine and all(r["task_name"] == "tasks.health.ping" for r in mine)
     assert "redis-pw-3141" not in log and "db-pw-2718" not in log
+
+
+@pytest.mark.timeout(180)
+def test_a_takeover_after_kill_9_is_counted_on_the_survivor(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    engine = fresh_database(DATABASES["postgresql"])  # SQLite: one writer at a time
+    seed_cm_data(engine, 2000)
+    platform = Platform(engine, private_redis, CM_DATA_PARTITION_SIZE="1000",
+                        CM_DATA_BATCH_SIZE="100", CM_DATA_BATCH_DELAY="0.3")
+    ports = [free_port(), free_port()]
+    try:
+        workers = [start_worker(dict(platform.env, METRICS_PORT=str(port)), 1, f"m{i}")
+                   for i, port in enumerate(ports)]
+        platform.procs.extend(workers)
+        platform.beat()
+        platform.start_job()
+
+        def both_running() -> bool:
+            return sum(p.status == "running" and p.next_id > p.lo for p in platform.parts()) == 2
+
+        wait_until(both_running, 60, f"both partitions running: {platform.parts()}")
+        workers[0].kill()
+        platform.wait_finished(120)
+        survivor = scrape(ports[1])
+    finally:
+        platform.stop()
+        engine.dispose()
+    platform.assert_exactly_once(2000)
+    assert value(survivor, "rangekeeper_range_takeovers_total", job="cm_data") == 1
+    assert value(survivor, "rangekeeper_range_rows_processed_total", job="cm_data") > 1000

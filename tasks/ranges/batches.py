@@ -34,6 +34,7 @@ from sqlalchemy import Connection, Row, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from tasks.db import WRITE_INTENT, affected, utcnow
+from tasks.metrics import record
 from tasks.models import WORK
 from tasks.ranges.jobs import Context
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared
@@ -105,8 +106,18 @@ class Batches:
             if found is None:
                 self.cursor.closing = True
         if self.rows_done > rows_before:
-            self.sizer.observe(self.rows_done - rows_before, self.clock() - began)
+            rows, seconds = self.rows_done - rows_before, self.clock() - began
+            self.sizer.observe(rows, seconds)
+            if record.on is not None:
+                self._count(record.on, rows, seconds)
         return found
+
+    def _count(self, metrics: Any, rows: int, seconds: float) -> None:
+        job = self.job.name
+        metrics.range_rows.labels(job).inc(rows)
+        metrics.range_batches.labels(job).inc()
+        metrics.range_batch_seconds.labels(job).observe(seconds)
+        metrics.range_batch_size.labels(job).set(self.sizer.size)
 
     def _keyset_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | None:
         with self.row.sessions.begin() as session:

@@ -31,6 +31,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
 from tasks.db import is_redis_away, is_transient
+from tasks.logs import bind
+from tasks.metrics import record
 from tasks.models import PartitionStatus as S
 from tasks.ranges.batches import Batches
 from tasks.ranges.gate import Gate
@@ -124,19 +126,24 @@ class PartitionRunner:
         if claimed.crashes >= self.crash_cap:
             self.row.dead_letter(lease.fence, claimed, self.crash_cap)
             return Outcome.FAILED
+        if claimed.crashes and record.on is not None:  # took over from a holder gone silent
+            record.on.range_takeovers.labels(self.job.name).inc()
         batches = self.batches = Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
                                          next_id=claimed.next_id, clock=self.clock,
                                          lease_ttl=self.lease_ttl)
         pool = (ThreadPoolExecutor(self.job.parallelism, thread_name_prefix=f"{self.job.name}")
                 if self.job.parallelism > 1 else None)
         try:
-            return self._loop(lease, batches, pool)
+            with bind(job=self.job.name, partition=self.part, fence=lease.fence):
+                return self._loop(lease, batches, pool)
         except LeaseLost:
             log.warning("range %s part %s: lease lost; stopping", self.job.name, self.part)
             self.row.release_quietly(lease.fence)
             return Outcome.LOST
         except FencedOut:
             log.warning("range %s part %s: fenced out by a newer holder", self.job.name, self.part)
+            if record.on is not None:
+                record.on.range_fenced_out.labels(self.job.name).inc()
             return Outcome.FENCED_OUT
         except SoftTimeLimitExceeded:
             self.row.release_to_pending(lease.fence)
@@ -157,7 +164,11 @@ class PartitionRunner:
                 self.row.release_to_pending(lease.fence)
                 return Outcome.HANDED_OVER
             lease.check()
+            waited = self.clock()
             stop = gate.before_batch(lease, batches.rows_done - rows_before)
+            waited = self.clock() - waited
+            if waited > 0.01 and record.on is not None:  # more than the gate's round trip
+                record.on.range_throttle_wait.labels(self.job.name).inc(waited)
             rows_before = batches.rows_done
             if stop is not None:
                 log.info("range %s part %s: %s; stopping after the last batch", self.job.name,
