@@ -223,6 +223,23 @@ def test_sync_full_leaves_entries_in_the_log(scripts: StockScripts, client: redi
     assert in_delay_queue(client, entries[2])
 
 
+def test_sync_after_a_cursor_reset_keeps_every_entry_in_offset_order(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    """A reset cursor (a redelivery) re-syncs what the log still holds: a queued entry keeps
+    its due time, and an entry new to the queue is due after every entry queued before it."""
+    entries = [deduct(scripts, f"oi-{i}", qty=1) for i in range(3)]  # one time: scores +1
+    assert scripts.sync(NODE, QUEUE) == 3
+    before = client.zrange(delay_key(NODE, QUEUE), 0, -1, withscores=True)
+    client.delete(redo_cursor_key(NODE, QUEUE))
+    newer = deduct(scripts, "oi-3", qty=1)
+    assert scripts.sync(NODE, QUEUE) == 2  # the cursor's anchor (oi-2) again, and oi-3
+    after = client.zrange(delay_key(NODE, QUEUE), 0, -1, withscores=True)
+    assert after[:3] == before
+    assert after[3][0] == format_entry(newer).encode() and after[3][1] > before[-1][1]
+    assert due_at(scripts, T0 + DEFAULT_DELAY_MS + 2) == entries  # never oi-2 before oi-1
+
+
 # --- restock --------------------------------------------------------------------------------
 
 
@@ -249,11 +266,29 @@ def test_restock_has_been_consumed_removes_the_entry(
     scripts: StockScripts, client: redis.Redis
 ) -> None:
     [a] = queued(scripts, "oi-1")
+    # What consuming it left behind: its offset stored, its record gone.
     client.hset(offsets_key(NODE, QUEUE), "sku-a", a.offset)
+    client.hdel(deducted_key(NODE), "oi-1")
     [result] = scripts.restock(NODE, QUEUE, TOKEN, [(a, False)])
     assert result.status == HAS_BEEN_CONSUMED
     assert stock(client) == 8
     assert not in_delay_queue(client, a)
+
+
+def test_restock_out_of_offset_order_loses_no_entry(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    """A higher offset restocked first (its own batch) does not make a lower one, still on
+    record, HAS_BEEN_CONSUMED; the stored offset stays the highest; a copy is consumed once."""
+    low, paid, high = queued(scripts, "oi-1", "oi-2", "oi-3")
+    assert scripts.restock(NODE, QUEUE, TOKEN, [(high, False)])[0].status == SUCCESS
+    results = scripts.restock(NODE, QUEUE, TOKEN, [(low, False), (paid, True)])
+    assert [r.status for r in results] == [SUCCESS, PAID]
+    assert stock(client) == 8  # 10 - 3 * 2 + 2 * 2: oi-2's units are sold
+    assert client.hget(offsets_key(NODE, QUEUE), "sku-a") == str(high.offset).encode()
+    again = scripts.restock(NODE, QUEUE, TOKEN, [(low, False), (paid, False), (high, False)])
+    assert [r.status for r in again] == [HAS_BEEN_CONSUMED] * 3
+    assert stock(client) == 8 and client.hlen(deducted_key(NODE)) == 0
 
 
 def test_restock_maintaining_aborts_the_batch(

@@ -18,7 +18,8 @@
 --   'MAINTAINING'        shard in maintenance: nothing done for any entry (abort the batch)
 --   'LOCK_FAILED'        drain lease not held by token: nothing done (abort, re-acquire)
 --   'WRONG_TERM'         entry from an older term (the rebuild already counted it): removed
---   'HAS_BEEN_CONSUMED'  offset not above the SKU's stored offset: removed, no stock change
+--   'HAS_BEEN_CONSUMED'  offset not above the SKU's stored offset and the entry is not the
+--                        deduction on record: removed, no stock change
 --   'PAID'               paid, and the deduction on record is this entry: offset stored,
 --                        removed, no stock change
 --   'SUCCESS'            stock += sku_num, offset stored, removed
@@ -28,6 +29,10 @@
 -- sold), so nothing reads the record again (a re-issued item's record is its newer entry, kept
 -- until that one is consumed). This is what keeps deducted:{stock:N} bounded by the pending
 -- items instead of growing with every order.
+-- An entry that is still the deduction on record was never consumed (whatever consumes an
+-- entry takes its record along, and an entry text is never issued twice), so it is not
+-- HAS_BEEN_CONSUMED even below the stored offset: entries that became due out of offset order
+-- (a re-queued or re-scored member) lose nothing. The stored offset only grows.
 -- Maintenance and the lock are checked once: nothing inside one script call can change them.
 local n = (#ARGV - 1) / 7
 local statuses = {}
@@ -46,24 +51,27 @@ for k = 1, n do
     local base = 2 + 7 * (k - 1)
     local entry, order_item, sku = ARGV[base], ARGV[base + 1], ARGV[base + 2]
     local qty, offset = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+    local stored = tonumber(redis.call('HGET', KEYS[4], sku) or '0')
+    local on_record = redis.call('HGET', KEYS[6], order_item) == entry
     local status
     if ARGV[base + 5] ~= term then
         status = 'WRONG_TERM'
-    elseif offset <= tonumber(redis.call('HGET', KEYS[4], sku) or '0') then
+    elseif offset <= stored and not on_record then
         status = 'HAS_BEEN_CONSUMED'
-    elseif ARGV[base + 6] == '1' and redis.call('HGET', KEYS[6], order_item) == entry then
+    elseif ARGV[base + 6] == '1' and on_record then
         -- Stored like a restock: a later copy of this entry (its record is gone by then)
         -- meets HAS_BEEN_CONSUMED, not the restock of an unrecorded entry.
-        redis.call('HSET', KEYS[4], sku, offset)
         status = 'PAID'
     else
         redis.call('HINCRBY', KEYS[5], sku, qty)
-        redis.call('HSET', KEYS[4], sku, offset)
         status = 'SUCCESS'
+    end
+    if (status == 'PAID' or status == 'SUCCESS') and offset > stored then
+        redis.call('HSET', KEYS[4], sku, offset)
     end
     redis.call('ZREM', KEYS[7], entry)
     redis.call('HDEL', KEYS[8], entry)
-    if redis.call('HGET', KEYS[6], order_item) == entry then
+    if on_record then
         redis.call('HDEL', KEYS[6], order_item)
     end
     statuses[k] = status

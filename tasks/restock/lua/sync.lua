@@ -18,10 +18,14 @@
 -- Returns {'OK', moved}             moved entries (0 when the log is drained)
 --         {'MAINTAINING', 0}        the shard is in maintenance; nothing moved
 --         {'FULL', size}            the delay queue holds >= capacity entries; nothing moved
--- Scores strictly increase in log (= offset) order: a score is max(time + delay, previous + 1).
--- restock.lua skips an entry whose offset is not above the SKU's stored offset, so an entry
--- must never become due after a later entry of the same queue, whatever the callers' clocks.
--- ZADD of an entry already queued is a no-op, so re-running a sync after a crash is harmless.
+-- Scores strictly increase in log (= offset) order: a score is max(time + delay, previous + 1),
+-- where "previous" is the cursor's score or the highest score queued, whichever is higher.
+-- restock.lua skips an entry whose offset is not above the SKU's stored offset (unless it is
+-- still the deduction on record), so an entry must never become due after a later entry of
+-- the same queue, whatever the callers' clocks. An entry already queued keeps its score
+-- (ZADD NX): re-running a sync after a crash, or after the cursor was reset (a redelivery),
+-- neither moves a queued entry ahead of the lower offsets queued before it nor queues a new
+-- entry ahead of them.
 -- A message without an entry (written by something else than deduct.lua) is queued as
 -- 'MALFORMED:<stream id>' and one without a time is due at once: the drainer's parser then
 -- dead-letters it, so a bad message neither blocks the log nor vanishes.
@@ -36,6 +40,10 @@ end
 local count = math.min(tonumber(ARGV[1]), capacity - size)
 local cursor = redis.call('HGET', KEYS[2], 'id') or '0-0'
 local last_score = tonumber(redis.call('HGET', KEYS[2], 'score') or '-1')
+local top = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+if top[2] and tonumber(top[2]) > last_score then
+    last_score = tonumber(top[2])
+end
 local messages = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', count)
 local delay = tonumber(ARGV[3])
 for _, message in ipairs(messages) do
@@ -48,8 +56,9 @@ for _, message in ipairs(messages) do
     end
     entry = entry or ('MALFORMED:' .. message[1])
     local score = math.max((time_ms or 0) + delay, last_score + 1)
-    redis.call('ZADD', KEYS[3], string.format('%d', score), entry)
-    last_score = score
+    if redis.call('ZADD', KEYS[3], 'NX', string.format('%d', score), entry) == 1 then
+        last_score = score
+    end
     cursor = message[1]
 end
 if #messages > 0 then
