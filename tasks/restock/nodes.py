@@ -75,11 +75,16 @@ def connect_shards(clients: Sequence[Any], shards: int,
 
 
 def master_clients(settings: Settings, socket_timeout: float = 5.0) -> list[Any]:
-    """One client per stock master of `settings` (a cluster: its one client)."""
-    import redis
+    """One client per stock master of `settings` (a cluster: its one client; a sentinel://
+    URL: a client that follows its master's failovers)."""
+    from tasks.redisconn import redis_client
 
-    return [redis.Redis.from_url(url, socket_timeout=socket_timeout,
-                                 socket_connect_timeout=socket_timeout)
+    timeouts: dict[str, Any] = {"socket_timeout": socket_timeout,
+                                "socket_connect_timeout": socket_timeout}
+    if settings.redis_cluster_nodes and not settings.restock_redis_urls:
+        return [redis_client(settings.redis_url, cluster_nodes=settings.redis_cluster_nodes,
+                             **timeouts)]
+    return [redis_client(url, sentinel_master=settings.sentinel_master, **timeouts)
             for url in settings.restock_nodes]
 
 
