@@ -19,6 +19,7 @@ from tasks.limits import bound_log_handlers, bounded_backend
 from tasks.logs import use_json
 from tasks.redisconn import is_sentinel
 from tasks.retry import check_policy
+from tasks.routing import routing_config
 from tasks.schedule import beat_schedule
 from tasks.settings import Settings, SettingsError, load_settings, redact
 
@@ -71,6 +72,9 @@ def configure(settings: Settings) -> dict[str, Any]:
         # Read by tasks.limits on publish and on receipt.
         "max_message_bytes": settings.max_message_bytes,
         "worker_soft_shutdown_timeout": soft_shutdown_timeout(settings),
+        # Partitions, restock work and controls on queues of their own (tasks/routing.py);
+        # every queue is declared, so a worker without -Q consumes them all.
+        **routing_config(settings),
     }
 
 

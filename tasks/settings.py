@@ -109,6 +109,12 @@ class Settings:
     redis_cluster_nodes: tuple[str, ...] = ()
     # The master every sentinel:// URL (REDIS_URL, BROKER_URL, RESULT_BACKEND) names.
     sentinel_master: str | None = None
+    # Celery queues (tasks/routing.py): partitions, restock work, controls (reconcile, health,
+    # rollback), and everything else.
+    ranges_queue: str = "ranges"
+    restock_queue: str = "restock"
+    control_queue: str = "control"
+    default_queue: str = "celery"
 
     @property
     def restock_nodes(self) -> tuple[str, ...]:
@@ -342,6 +348,13 @@ def _sentinel_master(name: str, raw: str) -> str:
 _MASTER_NAME = re.compile(r"[\w.-]{1,128}")
 
 
+def _queue(name: str, raw: str) -> str:
+    if not _MASTER_NAME.fullmatch(raw):
+        raise SettingsError(f"{name}={raw[:64]!r} must be a queue name (letters, digits, "
+                            "'.', '-', '_')")
+    return raw
+
+
 _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "redis_url": ("REDIS_URL", _url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
     "broker_url": ("BROKER_URL", _url((*BROKER_SCHEMES, *SENTINEL_SCHEMES))),
@@ -384,6 +397,10 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "amqp_delivery_limit": ("AMQP_DELIVERY_LIMIT", _positive(int)),
     "redis_cluster_nodes": ("REDIS_CLUSTER_NODES", _cluster_nodes),
     "sentinel_master": ("SENTINEL_MASTER", _sentinel_master),
+    "ranges_queue": ("RANGES_QUEUE", _queue),
+    "restock_queue": ("RESTOCK_QUEUE", _queue),
+    "control_queue": ("CONTROL_QUEUE", _queue),
+    "default_queue": ("DEFAULT_QUEUE", _queue),
 }
 
 

@@ -28,6 +28,8 @@ from tests.support.workers import ROOT, Proc, celery_call, platform_env
 
 BIN = Path(sys.executable).parent
 SUBCOMMANDS = {"worker", "beat", "flower"}
+# Process names: two kinds of worker (partitions apart from controls and restock, issue 11).
+PROCESSES = {"worker", "control", "beat", "flower"}
 
 
 def procfile() -> dict[str, str]:
@@ -59,7 +61,7 @@ def test_every_command_is_a_real_entry_point_of_this_project() -> None:
                                cwd=ROOT, env=platform_env(), capture_output=True, text=True,
                                timeout=60)
         assert shown.returncode == 0, shown.stderr
-    assert set(compose_commands()) == set(procfile()) == SUBCOMMANDS
+    assert set(compose_commands()) == set(procfile()) == PROCESSES
 
 
 def _get(url: str, auth: str | None = None) -> int:
@@ -125,7 +127,7 @@ def test_flower_refuses_to_start_without_credentials(private_redis: RedisServer)
 
 def test_compose_restarts_every_platform_service() -> None:
     spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    for name in ("worker", "beat", "flower", "redis", "postgres"):
+    for name in ("worker", "control", "beat", "flower", "redis", "postgres"):
         assert spec["services"][name].get("restart") == "unless-stopped", name
 
 
