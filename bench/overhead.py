@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
 from celery import Celery
 
+from bench.scratch import NotScratch, scratch_redis
 from devtools.demo import Fleet
-from devtools.embedded import NotScratch, demo_redis, flush_scratch
 
 __all__ = ["main"]
 
@@ -46,11 +45,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args(argv)
     try:
-        redis_url, embedded = demo_redis(BENCH_REDIS_DB, "bench")
+        with scratch_redis(BENCH_REDIS_DB) as redis_url:
+            return _run(args, redis_url)
     except NotScratch as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    flush_scratch(redis.Redis.from_url(redis_url))
+
+
+def _run(args: argparse.Namespace, redis_url: str) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     env = dict(os.environ, EXTRA_TASK_MODULES="devtools.samples", REDIS_URL=redis_url,
                PYTHONPATH=str(ROOT), DATABASE_URL=f"sqlite:///{workdir}/overhead.sqlite")
@@ -77,8 +79,6 @@ def main(argv: list[str]) -> int:
     finally:
         client.close()
         fleet.stop_all()
-        if embedded is not None:
-            embedded.stop()
 
 
 def _wait_ready(client: Celery, timeout: float = 90) -> None:

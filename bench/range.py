@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
 from celery import Celery
 from sqlalchemy import Engine, delete, func, make_url, select, update
 
+from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database, verify
-from devtools.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.examples.cm_data import cpu_work
 from tasks.examples.seed import seed_cm_data
 from tasks.migrate import upgrade
@@ -182,11 +181,11 @@ def main(argv: list[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-range-"))
     db_url = args.db or f"sqlite:///{workdir}/bench.sqlite"
     try:
-        redis_url, embedded = demo_redis(BENCH_REDIS_DB, "bench")
+        scratch = open_scratch(BENCH_REDIS_DB)
     except NotScratch as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    flush_scratch(redis.Redis.from_url(redis_url))
+    redis_url = scratch.url
     engine = make_engine(db_url)
     try:
         reset_database(engine)
@@ -208,7 +207,7 @@ def main(argv: list[str]) -> int:
         exactly_once = True
         for workers in (1, 2):
             reset_rows(engine)
-            flush_scratch(redis.Redis.from_url(redis_url))
+            flush(redis_url)
             rates[workers] = platform_run(engine, env, workers, workdir)
             check = verify(engine)
             exactly_once = exactly_once and check.exactly_once
@@ -227,5 +226,4 @@ def main(argv: list[str]) -> int:
         return 0 if exactly_once else 1
     finally:
         engine.dispose()
-        if embedded is not None:
-            embedded.stop()
+        scratch.stop()
