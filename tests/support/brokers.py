@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from celery import Celery
 
-from tasks.app import amqp_options, is_amqp
+from tasks.app import amqp_options, configure, is_amqp
 from tasks.settings import load_settings
 
 __all__ = ["AMQP_HOST", "platform_client", "rabbitmq_missing", "rabbit_vhost"]
@@ -63,12 +63,12 @@ def rabbit_vhost(prefix: str = "rk_test") -> Iterator[str]:
 
 
 def platform_client(env: Mapping[str, str]) -> Celery:
-    """A bare Celery client for the platform that `env` configures, declaring its queues as the
-    platform does (on RabbitMQ: quorum queues on topic exchanges; a client declaring them
-    otherwise is refused with PRECONDITION_FAILED)."""
+    """A Celery client (not the platform's app) for the platform that `env` configures,
+    routing and declaring its queues as the platform does (on RabbitMQ: quorum queues on topic
+    exchanges; a client declaring them otherwise is refused with PRECONDITION_FAILED)."""
     settings = load_settings(env)
-    client = Celery(broker=settings.broker_url, backend=settings.result_backend,
-                    set_as_current=False)
+    client = Celery(set_as_current=False)
+    client.conf.update(configure(settings))  # the platform's queues and routes too
     if is_amqp(settings.broker_url):
-        client.conf.update(amqp_options(settings))
+        client.conf.update(amqp_options(settings, client.conf.task_queues))
     return client
