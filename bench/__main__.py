@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("lease", "range", "overhead", "restock", "control")
+BENCHMARKS = ("lease", "range", "overhead", "restock", "control", "failover")
 
 
 def main(argv: list[str]) -> int:
