@@ -84,7 +84,7 @@ def check_entry_point(argv: list[str]) -> None:
 def test_every_manifest_parses_and_runs_a_real_entry_point() -> None:
     deployments = by_kind("Deployment")
     assert {d["spec"]["template"]["metadata"]["labels"]["component"]
-            for d in deployments.values()} == {"worker", "beat", "flower", "console"}
+            for d in deployments.values()} == {"worker", "control", "beat", "flower", "console"}
     assert deployments["rangekeeper-beat"]["spec"]["replicas"] == 2
     configs, secrets = set(by_kind("ConfigMap")), set(by_kind("Secret"))
     pending = []
@@ -116,12 +116,13 @@ def test_the_settings_in_the_configmap_and_secret_are_valid_and_known() -> None:
     load_settings(env)  # raises SettingsError, naming the variable, on a bad value
 
 
-def test_the_worker_probes_address_the_worker_and_its_heartbeat() -> None:
-    worker = containers()["worker"]
+@pytest.mark.parametrize("name", ["worker", "control"])
+def test_the_worker_probes_address_the_worker_and_its_heartbeat(name: str) -> None:
+    worker = containers()[name]
     hostname = next(a for a in worker["command"] if a.startswith("--hostname="))
-    assert hostname == "--hostname=worker@%h"  # %h: the pod name, $HOSTNAME in its shell
+    assert hostname == f"--hostname={name}@%h"  # %h: the pod name, $HOSTNAME in its shell
     ping = probe_argv(worker["readinessProbe"])
-    assert ping[3:6] == ["inspect", "ping", "-d"] and ping[6] == "worker@$HOSTNAME"
+    assert ping[3:6] == ["inspect", "ping", "-d"] and ping[6] == f"{name}@$HOSTNAME"
     heartbeat = Path(manifest_env()["WORKER_HEARTBEAT_FILE"])
     mounts = {Path(m["mountPath"]) for m in worker["volumeMounts"]}
     assert heartbeat.parent in mounts, "the heartbeat file must be on a mounted volume"
@@ -138,10 +139,11 @@ def _probe_age(container: dict[str, Any]) -> int:
     return int(found.group(1))
 
 
-def test_the_grace_period_covers_one_batch_the_soft_shutdown_and_the_handover() -> None:
+@pytest.mark.parametrize("name", ["rangekeeper-worker", "rangekeeper-control"])
+def test_the_grace_period_covers_one_batch_the_soft_shutdown_and_the_handover(name: str) -> None:
     settings = load_settings(manifest_env())
     soft = soft_shutdown_timeout(settings)  # one batch (<= LEASE_TTL) + the handover
-    spec = by_kind("Deployment")["rangekeeper-worker"]["spec"]["template"]["spec"]
+    spec = by_kind("Deployment")[name]["spec"]["template"]["spec"]
     script = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][2]
     waited = re.search(r"\$i -lt (\d+)", script)
     assert waited and int(waited.group(1)) == soft, "preStop waits one batch + the handover"
