@@ -6,6 +6,7 @@ fails at start-up with a message that names the variable; a credential never app
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -115,6 +116,16 @@ class Settings:
     restock_queue: str = "restock"
     control_queue: str = "control"
     default_queue: str = "celery"
+    # The operator console (`python -m tasks console`, tasks/console): it refuses to start
+    # without a user and a password; it binds CONSOLE_ADDRESS. Its cookie-signing secret is
+    # CONSOLE_SECRET, or a random one per start (sessions then end with the process).
+    console_user: str | None = None
+    console_password: str | None = dataclasses.field(default=None, repr=False)
+    console_address: str = "127.0.0.1"
+    console_port: int = 5566
+    console_secret: str | None = dataclasses.field(default=None, repr=False)
+    # Flower's address, linked from the console for task-level detail (optional).
+    flower_url: str | None = None
 
     @property
     def restock_nodes(self) -> tuple[str, ...]:
@@ -355,6 +366,12 @@ def _queue(name: str, raw: str) -> str:
     return raw
 
 
+def _secret(name: str, raw: str) -> str:
+    if len(raw) < 32:
+        raise SettingsError(f"{name} must be at least 32 characters (it signs session cookies)")
+    return raw
+
+
 _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "redis_url": ("REDIS_URL", _url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
     "broker_url": ("BROKER_URL", _url((*BROKER_SCHEMES, *SENTINEL_SCHEMES))),
@@ -401,6 +418,12 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "restock_queue": ("RESTOCK_QUEUE", _queue),
     "control_queue": ("CONTROL_QUEUE", _queue),
     "default_queue": ("DEFAULT_QUEUE", _queue),
+    "console_user": ("CONSOLE_USER", lambda _name, raw: raw),
+    "console_password": ("CONSOLE_PASSWORD", lambda _name, raw: raw),
+    "console_address": ("CONSOLE_ADDRESS", _address),
+    "console_port": ("CONSOLE_PORT", _port),
+    "console_secret": ("CONSOLE_SECRET", _secret),
+    "flower_url": ("FLOWER_URL", _url(("http", "https"))),
 }
 
 

@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("lease", "tasks", "beat", "devtools")
 WINGS = ("tasks.ranges", "tasks.restock", "tasks.rollback")
 EXAMPLES = "tasks.examples"
-# The operator command line puts the wings' views together; the only core-level modules that
-# may import a wing.
-TOP = ("tasks.__main__", "tasks.cli")
+# The operator command line and the operator console put the wings' views together; the only
+# core-level modules that may import a wing.
+TOP = ("tasks.__main__", "tasks.cli", "tasks.console")
 
 
 def is_top(name: str) -> bool:

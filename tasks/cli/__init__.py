@@ -29,7 +29,7 @@ def _add_groups() -> None:
     """The groups of later modules, when present (each adds itself to `cli` on import)."""
     from importlib import import_module
 
-    for name in ("jobs", "deadletters"):
+    for name in ("jobs", "deadletters", "console"):
         try:
             import_module(f"tasks.cli.{name}")
         except ModuleNotFoundError as exc:

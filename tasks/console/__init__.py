@@ -1,0 +1,18 @@
+"""The operator console: `python -m tasks console` serves a small web app (Tornado).
+
+    jobs          one row per range job: run state, progress, rows/s, ETA, throttle
+    jobs/JOB      a bar per partition, the run history, and the controls (start, pause,
+                  resume, cancel, retry-failed, throttle)
+    restock       every stock node: term, maintenance window, queues, due, unsynced log
+    deadletters   list, filter by kind, show, replay, purge
+
+It shows and does what the CLI does, with the same code (`tasks.console.actions` is the one
+module that calls into the platform). Like the CLI it sits above the wings. It refuses to
+start without CONSOLE_USER and CONSOLE_PASSWORD, binds 127.0.0.1 unless CONSOLE_ADDRESS says
+otherwise, and every state-changing request needs the CSRF token issued at login
+(`tasks.console.auth`).
+"""
+
+from tasks.console.server import make_app, serve
+
+__all__ = ["make_app", "serve"]

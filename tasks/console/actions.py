@@ -1,0 +1,268 @@
+"""Every call the console makes into the platform, in one place.
+
+The console shows and does what the CLI shows and does, with the same code: the range-job
+controls are `tasks.ranges.tasks.controls()` / `start_job` (what `python -m tasks jobs ...`
+and the `tasks.ranges.*` Celery tasks run), the status views are `tasks.ranges.status`,
+`tasks.ranges.runs` and `tasks.restock.status` (what `python -m tasks status` prints), the
+dead letters are `tasks.deadletter.DeadLetters` (what `python -m tasks deadletters ...` runs).
+If one of those functions is renamed, this module is the one to change.
+
+Every function here is blocking (database and Redis round trips): the web handlers run them
+on a thread pool. Each returns plain JSON-able values. A refusal (unknown job, bad rate, a run
+in no state for the verb, a letter that cannot be replayed) raises `Refused` with the
+platform's own message; nothing was changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tasks.app import app, settings
+from tasks.resources import Resources, resources_for
+from tasks.settings import redact
+
+__all__ = ["Refused", "Unavailable", "VERBS", "load_jobs", "jobs_overview", "job_detail",
+           "control", "restock_overview", "letters", "letter", "replay", "purge",
+           "purge_older", "flower_link"]
+
+# The buttons of a job: verb -> what it needs besides the job (throttle takes rows/s).
+VERBS = ("start", "pause", "resume", "cancel", "retry-failed", "throttle")
+
+
+class Refused(Exception):
+    """The platform refused the request, having changed nothing; the message says why."""
+
+
+class Unavailable(Exception):
+    """Redis, the database or the broker did not answer; nothing was changed."""
+
+
+def _res() -> Resources:
+    return resources_for(settings)
+
+
+def load_jobs() -> None:
+    """Register the jobs a worker knows (the app's task modules, EXTRA_TASK_MODULES too), as
+    the CLI's `jobs` commands do."""
+    app.loader.import_default_modules()
+
+
+def _guarded(call: Callable[[], Any]) -> Any:
+    """Run `call`, turning the platform's refusals and outages into `Refused`/`Unavailable`."""
+    from redis.exceptions import RedisError
+    from sqlalchemy.exc import OperationalError
+
+    from tasks.deadletter import DeadLetterError
+    from tasks.validate import InvalidArguments
+
+    try:
+        return call()
+    except (InvalidArguments, DeadLetterError) as exc:
+        raise Refused(_with_hint(exc)) from None
+    except (RedisError, OperationalError, OSError) as exc:
+        reason = redact(" ".join(str(exc).split()))[:300]
+        raise Unavailable(f"{type(exc).__name__}: {reason}") from None
+
+
+def _with_hint(exc: Exception) -> str:
+    from tasks.cli.deadletters import _hints
+
+    hint = _hints().get(getattr(exc, "kind", ""), "")
+    return f"{exc}" + (f" ({hint})" if hint else "")
+
+
+# -- range jobs ------------------------------------------------------------------------------
+
+def jobs_overview() -> list[dict[str, Any]]:
+    """One entry per registered range job: its run state, progress, rows/s, ETA, throttle."""
+    return _guarded(_jobs_overview)  # type: ignore[no-any-return]
+
+
+def _jobs_overview() -> list[dict[str, Any]]:
+    from tasks.ranges.jobs import registered_jobs
+    from tasks.ranges.status import format_eta, partitions, summarize
+
+    sessions = _res().sessions
+    summaries = {s.job: s for s in summarize(partitions(sessions), sessions)}
+    out: list[dict[str, Any]] = []
+    for job in registered_jobs():
+        s = summaries.get(job.name)
+        if s is None:
+            out.append({"job": job.name, "state": "never started", "run": None, "rows_done": 0,
+                        "ids_walked": 0, "ids_planned": 0, "share": 0.0, "rows_per_s": 0.0,
+                        "eta": "-", "throttle": None, "partitions": {}})
+            continue
+        out.append({"job": s.job, "state": s.state, "run": s.run, "rows_done": s.rows_done,
+                    "ids_walked": s.ids_walked, "ids_planned": s.ids_planned,
+                    "share": s.ids_walked / s.ids_planned if s.ids_planned else 1.0,
+                    "rows_per_s": round(s.rows_per_s, 1), "eta": format_eta(s.eta_s),
+                    "throttle": s.throttle_rows_per_s, "partitions": s.partitions})
+    return out
+
+
+def job_detail(job: str) -> dict[str, Any]:
+    """A job's summary, a bar per partition and its run history (newest first)."""
+    return _guarded(lambda: _job_detail(job))  # type: ignore[no-any-return]
+
+
+def _job_detail(job: str) -> dict[str, Any]:
+    from tasks.ranges.jobs import get_job
+    from tasks.ranges.runs import events_of, runs_of
+    from tasks.ranges.status import partitions
+
+    name = get_job(job).name
+    sessions = _res().sessions
+    summary = next((j for j in _jobs_overview() if j["job"] == name), None)
+    parts = [{"part": v.part, "lo": v.lo, "hi": v.hi, "state": v.status, "owner": v.owner,
+              "checkpoint": v.checkpoint, "rows_done": v.rows_done,
+              "rows_per_s": round(v.rows_per_s, 1), "fence": v.fence,
+              "takeovers": v.takeovers, "error": v.error,
+              "share": v.ids_walked / (v.hi - v.lo + 1) if v.hi >= v.lo else 1.0}
+             for v in partitions(sessions, name)]
+    found = runs_of(sessions, name, 20)
+    events = events_of(sessions, [r.id for r in found])
+    runs = [{**r.as_dict(), "events": [e.as_dict() for e in events[r.id]]} for r in found]
+    return {"job": summary, "partitions": parts, "runs": runs}
+
+
+def control(verb: str, job: str, actor: str, rows_per_s: str | None = None) -> dict[str, Any]:
+    """Run one of VERBS on `job`, as `python -m tasks jobs VERB JOB` does; its report."""
+    from tasks.ranges.tasks import controls, start_job
+
+    if verb not in VERBS:
+        raise Refused(f"unknown control {verb!r} (known: {', '.join(VERBS)})")
+
+    def run() -> dict[str, Any]:
+        if verb == "start":
+            return start_job(job, actor)
+        c = controls()
+        if verb == "throttle":
+            return c.throttle(job, rows_per_s if rows_per_s is not None else "", actor)
+        verbs: dict[str, Callable[[str, str], dict[str, Any]]] = {
+            "pause": c.pause, "resume": c.resume, "cancel": c.cancel,
+            "retry-failed": c.retry_failed}
+        return verbs[verb](job, actor)
+
+    return _guarded(run)  # type: ignore[no-any-return]
+
+
+# -- restock ---------------------------------------------------------------------------------
+
+def restock_overview() -> list[dict[str, Any]]:
+    """Every stock node: term, maintenance window, queues, due entries, unsynced log, dead
+    letters (what `python -m tasks status` shows)."""
+    from tasks.restock.clock import wall_ms
+    from tasks.restock.nodes import stock_nodes
+    from tasks.restock.status import nodes_json, restock_nodes
+
+    def read() -> list[dict[str, Any]]:
+        res = _res()
+        now = wall_ms()
+        views = restock_nodes(res.sessions, stock_nodes(res), res.settings.restock_queue_names,
+                              now)
+        return nodes_json(views, now)
+
+    return _guarded(read)  # type: ignore[no-any-return]
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+def letters(kind: str | None, limit: int = 100) -> dict[str, Any]:
+    """The newest `limit` letters (of `kind`), without payloads, and the count per kind."""
+    from tasks.deadletter import DeadLetters
+
+    def read() -> dict[str, Any]:
+        store = DeadLetters(_res().sessions)
+        return {"counts": store.counts(), "letters": [
+            {"id": s.id, "kind": s.kind, "ref": s.ref, "reason": s.reason,
+             "created_at": s.created_at.isoformat(timespec="seconds"),
+             "replayed_at": s.replayed_at.isoformat(timespec="seconds")
+             if s.replayed_at else None, "replay_task_id": s.replay_task_id}
+            for s in store.recent(limit, kind or None)]}
+
+    return _guarded(read)  # type: ignore[no-any-return]
+
+
+def letter(letter_id: int) -> dict[str, Any]:
+    """One letter with its payload, credentials hidden (as `deadletters show --json`)."""
+    from tasks.cli.deadletters import SHOW_LIMIT
+    from tasks.deadletter import DeadLetters, redact_payload, replay_refusal
+
+    def read() -> dict[str, Any]:
+        found = DeadLetters(_res().sessions).get(letter_id)
+        text = _payload_text(redact_payload(found.payload), SHOW_LIMIT)
+        refusal = replay_refusal(found.payload)
+        return {"id": found.id, "kind": found.kind, "ref": found.ref, "reason": found.reason,
+                "created_at": found.created_at.isoformat(timespec="seconds"),
+                "replayed_at": found.replayed_at.isoformat(timespec="seconds")
+                if found.replayed_at else None, "replay_task_id": found.replay_task_id,
+                "replayable": refusal is None and found.replayed_at is None,
+                "refusal": refusal, "payload": text}
+
+    return _guarded(read)  # type: ignore[no-any-return]
+
+
+def _payload_text(shown: Any, limit: int) -> str:
+    import json
+
+    text = json.dumps(shown, indent=2, sort_keys=True, default=str)
+    return text if len(text) <= limit else f"{text[:limit]}\n... ({len(text):,} characters, cut)"
+
+
+def replay(letter_id: int) -> dict[str, Any]:
+    """Send the letter's task again under a new task id (once per letter), as `deadletters
+    replay` does."""
+    from tasks.cli.deadletters import SEND_RETRY
+    from tasks.deadletter import DeadLetterError, DeadLetters
+
+    def send(name: str, args: list[Any], kwargs: dict[str, Any], task_id: str) -> None:
+        app.send_task(name, args=args, kwargs=kwargs, task_id=task_id, serializer="json",
+                      retry_policy=SEND_RETRY)
+
+    def run() -> dict[str, Any]:
+        try:
+            done = DeadLetters(_res().sessions).replay(letter_id, send)
+        except DeadLetterError:
+            raise
+        except Exception as exc:  # the broker is away: the store took its claim back
+            reason = redact(" ".join(str(exc).split()))[:300]
+            raise Unavailable(f"dead letter {letter_id}: its task could not be sent "
+                              f"({type(exc).__name__}: {reason}); the letter is unchanged"
+                              ) from None
+        return {"id": done.letter_id, "task": done.task, "task_id": done.task_id}
+
+    return _guarded(run)  # type: ignore[no-any-return]
+
+
+def purge(letter_id: int) -> dict[str, Any]:
+    """Delete one letter (`deadletters purge ID`)."""
+    from tasks.deadletter import DeadLetters
+
+    _guarded(lambda: DeadLetters(_res().sessions).purge(letter_id))
+    return {"purged": letter_id}
+
+
+def purge_older(duration: str) -> dict[str, Any]:
+    """Delete every letter older than `duration` (`7d`, `12h`...; `deadletters purge
+    --older-than`)."""
+    from tasks.cli.deadletters import parse_duration
+    from tasks.deadletter import DeadLetters
+
+    try:
+        seconds = parse_duration(duration)
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+    gone = _guarded(lambda: DeadLetters(_res().sessions).prune(seconds))
+    return {"purged": gone, "older_than": duration}
+
+
+def flower_link() -> str | None:
+    """FLOWER_URL without its user and password (the console never shows a credential; the
+    browser asks Flower's basic auth itself)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if not settings.flower_url:
+        return None
+    parts = urlsplit(settings.flower_url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))

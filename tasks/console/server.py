@@ -1,0 +1,76 @@
+"""Build the console's Tornado application and serve it until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from tornado.web import Application, RequestHandler
+
+from tasks.console import actions
+from tasks.console.auth import Credentials, cookie_secret, credentials_from
+from tasks.console.handlers import ROUTES
+from tasks.settings import Settings
+
+__all__ = ["make_app", "serve", "HERE"]
+
+HERE = Path(__file__).resolve().parent
+log = logging.getLogger("tasks.console")
+access = logging.getLogger("tornado.access")
+
+
+def make_app(credentials: Credentials, secret: str) -> Application:
+    """The console's routes on `credentials`, cookies signed with `secret`."""
+    return Application(
+        ROUTES,  # type: ignore[arg-type]
+        template_path=str(HERE / "templates"),
+        static_path=str(HERE / "static"),
+        cookie_secret=secret,
+        xsrf_cookies=True,  # the login form's `_xsrf` (behind the login: the session's token)
+        xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict"},
+        login_url="/login",
+        credentials=credentials,
+        log=log,
+        autoescape="xhtml_escape",
+        compress_response=True,
+        log_function=_log_request,
+    )
+
+
+def _log_request(handler: RequestHandler) -> None:
+    """Every POST and every error at INFO or above (an audit of what was asked); the pages'
+    polling (successful GETs) only at DEBUG, so a open browser does not flood the log."""
+    status = handler.get_status()
+    level = logging.WARNING if status >= 400 else logging.INFO
+    if status < 400 and handler.request.method in ("GET", "HEAD"):
+        level = logging.DEBUG
+    access.log(level, "%d %s %s (%s) %.1fms", status, handler.request.method,
+               handler.request.path, handler.request.remote_ip,
+               1000.0 * handler.request.request_time())
+
+
+def serve(settings: Settings) -> None:
+    """Refuse without credentials (MissingCredentials); otherwise serve on CONSOLE_ADDRESS and
+    CONSOLE_PORT until SIGTERM or SIGINT."""
+    credentials = credentials_from(settings)
+    actions.load_jobs()
+    app = make_app(credentials, cookie_secret(settings))
+    asyncio.run(_serve(app, settings))
+
+
+async def _serve(app: Application, settings: Settings) -> None:
+    server = app.listen(settings.console_port, settings.console_address, xheaders=False)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    flower = actions.flower_link()
+    log.info("console: serving http://%s:%d/ (user %s%s)", settings.console_address,
+             settings.console_port, settings.console_user,
+             f", Flower at {flower}" if flower else "")
+    await stop.wait()
+    log.info("console: stopping")
+    server.stop()
+    await server.close_all_connections()

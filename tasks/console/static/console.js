@@ -1,0 +1,231 @@
+// The rangekeeper console: fills each page from the JSON API and refreshes it every
+// `refresh-ms` without a reload. Every text goes in through textContent (never innerHTML),
+// and every POST carries the session's CSRF token in the X-CSRF-Token header.
+"use strict";
+
+(function () {
+  const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
+  const csrf = meta("csrf-token");
+  const refreshMs = Number(meta("refresh-ms")) || 1500;
+  const page = document.body.dataset.page;
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    Object.entries(props || {}).forEach(([key, value]) => {
+      if (key === "dataset") Object.assign(node.dataset, value);
+      else if (key in node) node[key] = value;
+      else node.setAttribute(key, value);
+    });
+    children.flat().forEach((child) => {
+      if (child === null || child === undefined) return;
+      node.append(child instanceof Node ? child : String(child));
+    });
+    return node;
+  }
+
+  const td = (value, cls) => el("td", { className: cls || "" }, value);
+  const num = (value) => td(Number(value || 0).toLocaleString("en"), "num");
+  const fill = (tbody, rows) => tbody.replaceChildren(...rows);
+
+  function bar(share, label) {
+    const value = Math.max(0, Math.min(1, share || 0));
+    return el("span", { className: "bar" },
+      el("progress", { max: 1, value: value, title: label || "" }),
+      el("span", { className: "pct" }, `${(value * 100).toFixed(1)}%`));
+  }
+
+  function badge(state) {
+    return el("span", { className: `state state-${String(state).replace(/\W+/g, "-")}` }, state);
+  }
+
+  function flash(text, kind) {
+    const box = document.getElementById("flash");
+    box.className = kind || "";
+    box.textContent = text;
+  }
+
+  async function getJson(url) {
+    const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+    if (response.status === 401) {
+      window.location.assign(`/login?next=${encodeURIComponent(window.location.pathname)}`);
+      throw new Error("logged out");
+    }
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.error || response.statusText);
+    return body.data;
+  }
+
+  async function post(url, fields) {
+    const response = await fetch(url, {
+      method: "POST", credentials: "same-origin",
+      headers: { "X-CSRF-Token": csrf },
+      body: new URLSearchParams(fields || {}),
+    });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(body.error || response.statusText);
+    return body.data;
+  }
+
+  // -- pages -------------------------------------------------------------------------------
+
+  function jobRow(j) {
+    const link = el("a", { href: `/jobs/${encodeURIComponent(j.job)}` }, j.job);
+    const label = `ids walked ${j.ids_walked} of ${j.ids_planned}`;
+    const parts = Object.entries(j.partitions).map(([s, n]) => `${n} ${s}`).join(", ");
+    return el("tr", { dataset: { job: j.job, share: j.share } },
+      td(link), td(badge(j.run ? `${j.state}` : j.state)), td(bar(j.share, label), "progress"),
+      num(j.rows_done), num(j.rows_per_s), td(j.eta, "num"),
+      td(j.throttle ? `${j.throttle} rows/s` : "-", "num wide"), td(parts || "-", "wide"));
+  }
+
+  async function jobs() {
+    const data = await getJson("/api/jobs");
+    const tbody = document.querySelector("#jobs tbody");
+    fill(tbody, data.length ? data.map(jobRow)
+      : [el("tr", {}, el("td", { colSpan: 8 }, "no range job is registered"))]);
+  }
+
+  function summary(j) {
+    if (!j) return [el("p", {}, "unknown job")];
+    return [
+      el("p", {}, badge(j.state), j.run ? ` run ${j.run}` : "",
+        j.throttle ? ` · throttle ${j.throttle} rows/s` : ""),
+      el("div", { className: "big", dataset: { share: j.share } },
+        bar(j.share, `ids walked ${j.ids_walked} of ${j.ids_planned}`)),
+      el("p", { className: "facts" },
+        `${Number(j.rows_done).toLocaleString("en")} rows done · `,
+        `${Number(j.rows_per_s).toLocaleString("en")} rows/s · ETA ${j.eta}`),
+    ];
+  }
+
+  function partRow(p) {
+    const state = p.error ? `${p.state}: ${p.error}` : p.state;
+    return el("tr", { dataset: { part: p.part, state: p.state } },
+      td(p.part, "num"), td(badge(state)), td(bar(p.share, `${p.lo}..${p.hi}`), "progress"),
+      td(p.owner || "-", "owner"), num(p.checkpoint), num(p.rows_done), num(p.rows_per_s),
+      td(p.fence, "num wide"), td(p.takeovers, "num wide"));
+  }
+
+  function runRow(r) {
+    const events = el("ul", { className: "events" }, r.events.map((e) =>
+      el("li", {}, `${e.at} ${e.verb} by ${e.actor}${e.detail ? ` (${e.detail})` : ""}`)));
+    return el("tr", { dataset: { run: r.run, state: r.state } },
+      td(r.run, "num"), td(badge(r.state)), td(r.started_at || "-"), td(r.finished_at || "-"),
+      num(r.rows), td(r.rows_per_s ? `${r.rows_per_s} rows/s` : "-", "num"), td(events));
+  }
+
+  async function job() {
+    const name = document.getElementById("job").dataset.job;
+    const data = await getJson(`/api/jobs/${encodeURIComponent(name)}`);
+    document.getElementById("summary").replaceChildren(...summary(data.job));
+    fill(document.querySelector("#partitions tbody"), data.partitions.map(partRow));
+    fill(document.querySelector("#runs tbody"), data.runs.map(runRow));
+  }
+
+  function nodeRows(n) {
+    if (n.error) {
+      return [el("tr", { dataset: { node: n.node } }, td(n.node, "num"), td("-", "num"),
+        td(`unreachable: ${n.error}`), td("-"), td("-"), td("-"), td("-"), num(n.dead_letters))];
+    }
+    return Object.keys(n.queued).map((queue, i) => el("tr", { dataset: { node: n.node } },
+      td(i ? "" : n.node, "num"), td(i ? "" : n.term, "num"), td(i ? "" : n.window),
+      td(queue), num(n.queued[queue]), num(n.due[queue]), num(n.backlog[queue]),
+      td(i ? "" : n.dead_letters, "num")));
+  }
+
+  async function restock() {
+    const data = await getJson("/api/restock");
+    fill(document.querySelector("#nodes tbody"), data.flatMap(nodeRows));
+  }
+
+  function letterRow(s) {
+    return el("tr", { dataset: { letter: s.id } },
+      td(el("a", { href: `/deadletters/${s.id}` }, s.id), "num"), td(s.kind), td(s.ref),
+      td(s.created_at), td(s.replay_task_id || "-"), td(s.reason, "reason"));
+  }
+
+  async function letters() {
+    const select = document.getElementById("kind");
+    const kind = select.value || select.dataset.kind || "";
+    const data = await getJson(`/api/deadletters?kind=${encodeURIComponent(kind)}`);
+    const kinds = Object.keys(data.counts).sort();
+    if (select.options.length !== kinds.length + 1) {
+      select.replaceChildren(el("option", { value: "" }, "all"),
+        ...kinds.map((k) => el("option", { value: k, selected: k === kind }, k)));
+    }
+    document.getElementById("counts").textContent = kinds.map(
+      (k) => `${k}: ${data.counts[k]}`).join(" · ") || "no dead letters";
+    fill(document.querySelector("#letters tbody"), data.letters.map(letterRow));
+  }
+
+  async function letter() {
+    const id = document.getElementById("letter").dataset.letter;
+    const data = await getJson(`/api/deadletters/${id}`);
+    const shown = ["kind", "ref", "reason", "created_at", "replayed_at", "replay_task_id",
+      "replayable", "refusal"];
+    document.getElementById("facts").replaceChildren(...shown.flatMap((key) =>
+      [el("dt", {}, key), el("dd", { id: `fact-${key}` }, String(data[key] ?? "-"))]));
+    document.getElementById("payload").textContent = data.payload;
+    document.getElementById("btn-replay").disabled = !data.replayable;
+  }
+
+  // -- buttons -----------------------------------------------------------------------------
+
+  async function act(url, fields, confirmText, done) {
+    if (confirmText && !window.confirm(confirmText)) return;
+    try {
+      const result = await post(url, fields);
+      flash(`done: ${JSON.stringify(result)}`, "ok");
+      if (done) done(result);
+    } catch (error) {
+      flash(`refused: ${error.message}`, "error");
+    }
+    refresh();
+  }
+
+  function wire() {
+    const jobName = document.getElementById("job")?.dataset.job;
+    document.querySelectorAll("button.control").forEach((button) => {
+      button.addEventListener("click", () => act(
+        `/api/jobs/${encodeURIComponent(jobName)}/${button.dataset.verb}`, {},
+        button.dataset.confirm));
+    });
+    document.getElementById("throttle-form")?.addEventListener("submit", (event) => {
+      event.preventDefault();
+      act(`/api/jobs/${encodeURIComponent(jobName)}/throttle`,
+        { rows_per_s: document.getElementById("rows-per-s").value });
+    });
+    const letterId = document.getElementById("letter")?.dataset.letter;
+    document.querySelectorAll("button.letter-action").forEach((button) => {
+      button.addEventListener("click", () => act(
+        `/api/deadletters/${letterId}/${button.dataset.action}`, {}, button.dataset.confirm,
+        () => { if (button.dataset.action === "purge") window.location.assign("/deadletters"); }));
+    });
+    document.getElementById("kind")?.addEventListener("change", () => refresh());
+    const older = document.getElementById("purge-older-form");
+    older?.addEventListener("submit", (event) => {
+      event.preventDefault();
+      act("/api/deadletters/purge", { older_than: document.getElementById("older-than").value },
+        older.dataset.confirm);
+    });
+  }
+
+  const pages = { jobs, job, restock, letters, letter };
+  let timer = null;
+
+  async function refresh() {
+    clearTimeout(timer);
+    const load = pages[page];
+    if (!load) return;
+    try {
+      await load();
+      document.getElementById("updated").textContent = new Date().toLocaleTimeString();
+    } catch (error) {
+      if (error.message !== "logged out") flash(`cannot refresh: ${error.message}`, "error");
+    }
+    timer = setTimeout(refresh, refreshMs);
+  }
+
+  wire();
+  refresh();
+})();
