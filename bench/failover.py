@@ -259,13 +259,18 @@ def _term(fleet: Fleet, worker: str) -> None:
 
 
 def measure(engine: Engine, env: dict[str, str], logs: Path, knobs: Knobs) -> dict[str, Any]:
-    short = max(knobs.failover_bound / 2, 3.0)
+    # Saturated: the two surviving range workers' queue (their running partitions and the
+    # four queued) lasts about 3 * short, past the takeover's dispatch (TTL + interval).
+    short = max(knobs.failover_bound / 2, 1.0)
+    # One partition of about 8 s (less with a short TTL): acted on mid-run, whatever is left
+    # runs after the takeover.
+    single = min(8.0, max(2 * knobs.failover_bound, 2.0))
     print(f"crash failover (a range worker free), TTL {knobs.ttl:g} s, interval "
           f"{knobs.interval:g} s:", flush=True)
-    crash = run_phase(engine, env, logs, "crash", workers=2, parts=1, part_seconds=8,
+    crash = run_phase(engine, env, logs, "crash", workers=2, parts=1, part_seconds=single,
                       busy=1, act=_crash, knobs=knobs)
     print("graceful handover (SIGTERM, a range worker free):", flush=True)
-    term = run_phase(engine, env, logs, "term", workers=2, parts=1, part_seconds=8,
+    term = run_phase(engine, env, logs, "term", workers=2, parts=1, part_seconds=single,
                      busy=1, act=_term, knobs=knobs)
     print(f"saturated crash failover ({knobs.range_workers} range workers all busy, "
           "4 partitions queued):", flush=True)
