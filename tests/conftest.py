@@ -5,6 +5,7 @@ A missing service fails the run instead of skipping: CI starts every service fir
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 
@@ -24,6 +25,14 @@ def _own_databases() -> None:
     from tests.support.db import ensure_databases
 
     ensure_databases()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect garbage after each test, so a connection a test left open warns (and fails)
+    in that test's teardown, not in whichever test the collector happens to run next."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture
