@@ -11,16 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from sqlalchemy import select
 
+from lease.keys import lease_key
 from tasks.app import configure
 from tasks.examples.seed import seed_cm_data
+from tasks.keys import range_lease_name
 from tasks.models import WORK
 from tasks.models import PartitionStatus as S
 from tasks.routing import routing_config
 from tasks.settings import SettingsError, load_settings
-from tests.support.db import fresh_database
+from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer
 from tests.support.workers import Proc, platform_env, start_worker, wait_until
 from tests.test_procfile import BIN, procfile
@@ -94,9 +97,10 @@ def _running(engine: Any) -> int:
 @pytest.fixture
 def slow_job_env(private_redis: RedisServer, tmp_path: Path) -> Any:
     """A cm_data job of 8 partitions of 10 one-second batches each (80 s of work for 2 slots),
-    on SQLite and a private Redis."""
-    url = f"sqlite:///{tmp_path}/queues.sqlite"
-    engine = fresh_database(url)
+    on PostgreSQL and a private Redis. (On SQLite a batch holds the one write lock through its
+    CM_DATA_BATCH_DELAY and takes it again at once, so a control waits for the partition.)"""
+    engine = fresh_database(DATABASES["postgresql"])
+    url = engine.url.render_as_string(hide_password=False)
     seed_cm_data(engine, 800)
     env = platform_env(
         REDIS_URL=private_redis.url, DATABASE_URL=url, LEASE_TTL="5", RECONCILE_INTERVAL="1",
@@ -108,7 +112,9 @@ def slow_job_env(private_redis: RedisServer, tmp_path: Path) -> Any:
 
 
 @pytest.mark.timeout(180)
-def test_with_every_ranges_slot_busy_a_ping_and_a_drain_run_at_once(slow_job_env: Any) -> None:
+def test_with_every_ranges_slot_busy_a_ping_a_drain_and_a_pause_act_at_once(
+    slow_job_env: Any
+) -> None:
     engine, env = slow_job_env
     lines = procfile()
     worker = Proc(["sh", "-c", lines["worker"]], env, "procfile-worker")
@@ -134,6 +140,21 @@ def test_with_every_ranges_slot_busy_a_ping_and_a_drain_run_at_once(slow_job_env
         assert waited < 4, f"ping and drain took {waited:.1f} s"
         assert ping.worker == drain.worker == control_worker
         assert _running(engine) == 2, "the partitions were still running meanwhile"
+        # A pause sent now takes effect within one batch (1 s) plus 1 s: no partition runs
+        # and no partition's lease is held, though the ranges slots were all busy.
+        store = redis.Redis.from_url(env["REDIS_URL"])
+
+        def held() -> list[int]:
+            return [p for p in range(8)
+                    if store.exists(lease_key(range_lease_name("cm_data", p)))]
+
+        sent = time.monotonic()
+        client.send_task("tasks.ranges.pause", ["cm_data"]).get(timeout=10)
+        wait_until(lambda: _running(engine) == 0 and not held(), 10,
+                   f"no partition running and no lease held after the pause: {held()}")
+        stopped = time.monotonic() - sent
+        store.close()
+        assert stopped < 2, f"the pause took {stopped:.1f} s"
     finally:
         client.close()
         worker.stop()
