@@ -87,12 +87,7 @@ def test_every_manifest_parses_and_runs_a_real_entry_point() -> None:
             for d in deployments.values()} == {"worker", "control", "beat", "flower", "console"}
     assert deployments["rangekeeper-beat"]["spec"]["replicas"] == 2
     configs, secrets = set(by_kind("ConfigMap")), set(by_kind("Secret"))
-    pending = []
     for name, container in containers().items():
-        if container["command"][:4] == ["python", "-m", "tasks", "console"] \
-                and "console" not in cli.commands:
-            pending.append(name)  # issue 12's console, landing from another change
-            continue
         check_entry_point(container["command"])
         for source in container["envFrom"]:
             ref = source.get("configMapRef") or source["secretRef"]
@@ -104,9 +99,6 @@ def test_every_manifest_parses_and_runs_a_real_entry_point() -> None:
                 if argv[0] in ("celery", "python"):
                     check_entry_point(argv)
         assert "preStop" in container["lifecycle"], name
-    if pending:
-        pytest.xfail(f"`python -m tasks console` is not in this tree yet ({pending}); "
-                     "every other entry point checked")
 
 
 def test_the_settings_in_the_configmap_and_secret_are_valid_and_known() -> None:

@@ -1,7 +1,8 @@
 """The Procfile and docker-compose.yml start the platform with the commands a user types.
 
 Docker cannot run here, so the Procfile is started for real (with honcho) and every command the
-compose file names is checked to be one of the same real entry points.
+compose file names is checked to be one of the same real entry points (`celery -A tasks ...`
+or `python -m tasks console`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from tests.support.redis_server import RedisServer, free_port
 from tests.support.workers import ROOT, Proc, celery_call, platform_env
 
 BIN = Path(sys.executable).parent
-SUBCOMMANDS = {"worker", "beat", "flower"}
+# (program, subcommand): Celery's worker, beat and Flower, and the operator console.
+ENTRY_POINTS = {("celery", "worker"), ("celery", "beat"), ("celery", "flower"),
+                ("python", "console")}
 # Process names: two kinds of worker (partitions apart from controls and restock, issue 11).
-PROCESSES = {"worker", "control", "beat", "flower"}
+PROCESSES = {"worker", "control", "beat", "flower", "console"}
 
 
 def procfile() -> dict[str, str]:
@@ -37,9 +40,10 @@ def procfile() -> dict[str, str]:
     return dict(line.split(": ", 1) for line in lines if line.strip())
 
 
-def celery_argv(line: str) -> list[str]:
-    """The `celery -A tasks ...` command inside a Procfile line (which may wrap it in a loop)."""
-    found = re.search(r"celery -A tasks [^;]*", line)
+def entry_argv(line: str) -> list[str]:
+    """The `celery -A tasks ...` or `python -m tasks ...` command inside a Procfile line (which
+    may wrap it in a loop or set a variable first)."""
+    found = re.search(r"(celery -A|python -m) tasks [^;]*", line)
     assert found, line
     return shlex.split(found.group(0))
 
@@ -51,15 +55,14 @@ def compose_commands() -> dict[str, list[str]]:
 
 
 def test_every_command_is_a_real_entry_point_of_this_project() -> None:
-    commands = [celery_argv(cmd) for cmd in procfile().values()]
+    commands = [entry_argv(cmd) for cmd in procfile().values()]
     commands += list(compose_commands().values())
-    assert {argv[3] for argv in commands} == SUBCOMMANDS
+    assert {(argv[0], argv[3]) for argv in commands} == ENTRY_POINTS
     for argv in commands:
-        assert argv[:3] == ["celery", "-A", "tasks"], argv
-        assert shutil.which("celery", path=str(BIN)), "celery is not installed in this venv"
-        shown = subprocess.run([str(BIN / "celery"), "-A", "tasks", argv[3], "--help"],
-                               cwd=ROOT, env=platform_env(), capture_output=True, text=True,
-                               timeout=60)
+        assert argv[1:3] in (["-A", "tasks"], ["-m", "tasks"]), argv
+        assert shutil.which(argv[0], path=str(BIN)), f"{argv[0]} is not in this venv"
+        shown = subprocess.run([str(BIN / argv[0]), *argv[1:4], "--help"], cwd=ROOT,
+                               env=platform_env(), capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
     assert set(compose_commands()) == set(procfile()) == PROCESSES
 
@@ -88,15 +91,22 @@ def _wait_http(url: str, timeout: float = 60) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_the_procfile_starts_worker_beat_and_flower_with_auth(
+def test_the_procfile_starts_worker_beat_flower_and_the_console_with_auth(
     private_redis: RedisServer, tmp_path: Path
 ) -> None:
-    port = free_port()
+    # Imported here: both modules import this one's HTTP helpers.
+    from tests.test_console_http import Browserless
+    from tests.test_flower import listening_addresses
+
+    port, console_port = free_port(), free_port()
     env = platform_env(
         REDIS_URL=private_redis.url, DATABASE_URL=f"sqlite:///{tmp_path}/p.sqlite",
         FLOWER_BASIC_AUTH="admin:s3cret-pw", FLOWER_PORT=str(port), WORKER_CONCURRENCY="1",
-        PATH=f"{BIN}:{platform_env()['PATH']}", LEASE_TTL="2",
+        CONSOLE_USER="operator", CONSOLE_PASSWORD="console-pw-7077",
+        CONSOLE_PORT=str(console_port), PATH=f"{BIN}:{platform_env()['PATH']}", LEASE_TTL="2",
     )
+    for name in ("CONSOLE_ADDRESS", "CONSOLE_SECRET", "FLOWER_URL"):
+        env.pop(name, None)
     honcho = Proc([str(BIN / "honcho"), "-f", str(ROOT / "Procfile"), "start"], env, "honcho")
     try:
         honcho.wait_for("ready.", timeout=90)
@@ -105,6 +115,18 @@ def test_the_procfile_starts_worker_beat_and_flower_with_auth(
         assert _get(f"http://127.0.0.1:{port}/workers") == 401
         assert _get(f"http://127.0.0.1:{port}/workers", "admin:wrong") == 401
         assert _get(f"http://127.0.0.1:{port}/workers", "admin:s3cret-pw") == 200
+        # The console: on loopback only, its login page answers, the rest needs a session,
+        # the credentials of the environment log in, and it links the Procfile's Flower.
+        console = f"http://127.0.0.1:{console_port}"
+        _wait_http(f"{console}/login")
+        assert listening_addresses(console_port) == {"127.0.0.1"}
+        assert _get(f"{console}/login") == 200
+        assert _get(f"{console}/api/jobs") == 401
+        operator = Browserless(console)
+        assert operator.login("operator", "wrong").status == 401
+        assert operator.login("operator", "console-pw-7077").status == 302
+        jobs = operator.request("/jobs")
+        assert jobs.status == 200 and f'href="http://127.0.0.1:{port}"' in jobs.body
         sent = celery_call(env, "tasks.health.ping")
         assert sent.returncode == 0, sent.stderr
         client = Celery(broker=private_redis.url, backend=private_redis.url, set_as_current=False)
@@ -112,6 +134,7 @@ def test_the_procfile_starts_worker_beat_and_flower_with_auth(
         client.close()
         assert report["status"] == "ok"
         assert "s3cret-pw" not in honcho.output()
+        assert "console-pw-7077" not in honcho.output()
     finally:
         honcho.stop()
 
@@ -127,8 +150,41 @@ def test_flower_refuses_to_start_without_credentials(private_redis: RedisServer)
 
 def test_compose_restarts_every_platform_service() -> None:
     spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    for name in ("worker", "control", "beat", "flower", "redis", "postgres"):
+    for name in ("worker", "control", "beat", "flower", "console", "prometheus", "redis",
+                 "postgres"):
         assert spec["services"][name].get("restart") == "unless-stopped", name
+
+
+def test_compose_serves_the_console_with_credentials_from_the_environment() -> None:
+    """Like Flower: the console binds every address inside its container, its port is
+    published on the host's loopback only, and compose refuses to start without credentials."""
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    console = spec["services"]["console"]
+    env = console["environment"]
+    assert env["CONSOLE_ADDRESS"] == "0.0.0.0"
+    for name in ("CONSOLE_USER", "CONSOLE_PASSWORD"):
+        assert re.fullmatch(rf"\$\{{{name}:\?[^}}]+\}}", env[name]), env[name]
+    assert env["DATABASE_URL"] == spec["x-platform"]["environment"]["DATABASE_URL"]
+    assert console["ports"] == [f"127.0.0.1:{env['CONSOLE_PORT']}:{env['CONSOLE_PORT']}"]
+    assert f":{env['CONSOLE_PORT']}/login" in console["healthcheck"]["test"][-1]
+    assert spec["services"]["flower"]["ports"] == ["127.0.0.1:5555:5555"]
+
+
+def test_compose_prometheus_scrapes_every_worker_and_beat_on_their_metrics_port() -> None:
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = spec["services"]
+    prometheus = services["prometheus"]
+    config_path = "./deploy/prometheus/prometheus.yml"
+    assert f"{config_path}:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
+    config = yaml.safe_load((ROOT / config_path).read_text())
+    (job,) = config["scrape_configs"]
+    (discovery,) = job["dns_sd_configs"]
+    for name in ("worker", "control", "beat"):
+        env = services[name].get("environment", spec["x-platform"]["environment"])
+        assert env["METRICS_ADDRESS"] == "0.0.0.0", name
+        assert int(env["METRICS_PORT"]) == discovery["port"], name
+    assert set(discovery["names"]) == {"worker", "control", "beat"}
+    assert discovery["type"] == "A"  # every replica of a service, not one of them
 
 
 def test_compose_checks_the_health_of_every_service_and_persists_stock() -> None:
