@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
-from tasks import redisconn
+from tasks import envparse, redisconn
+from tasks.envparse import SettingsError, redact
 
 __all__ = ["Settings", "SettingsError", "load_settings", "redact"]
-
-T = TypeVar("T")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "sqlite:///rangekeeper.sqlite"
@@ -30,10 +24,6 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 BROKER_SCHEMES = (*REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
 # REDIS_URL, BROKER_URL and RESULT_BACKEND may also be a Sentinel URL list (SENTINEL_MASTER).
 SENTINEL_SCHEMES = ("sentinel",)
-
-
-class SettingsError(ValueError):
-    """A setting has a value the platform cannot run with; the message names the variable."""
 
 
 @dataclass(frozen=True)
@@ -167,61 +157,6 @@ class Settings:
             )
 
 
-# Query parameters whose value is a credential (`?password=`, `sslpassword=`, `token=`...).
-_SECRET_PARAM = re.compile(r"([?&;][^=&#;]*(?:pass|pwd|secret|token)[^=&#;]*=)[^&#;]*", re.I)
-
-
-def redact(url: str) -> str:
-    """Return `url` with any password replaced by `***`, for logs and error messages.
-
-    Parsed by hand rather than with urlsplit: a password with an unencoded `#`, `/` or `?`
-    would otherwise end the authority early and show its tail as the path or fragment. The
-    authority ends at the last `@`, and everything after the first `:` before it is hidden
-    (hiding too much is safe; showing a password is not). Credentials in the query string
-    are hidden too.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return _SECRET_PARAM.sub(r"\1***", url)
-    userinfo, at, tail = rest.rpartition("@")
-    if at and ":" in userinfo:
-        user = userinfo.split(":", 1)[0]
-        rest = f"{user}:***@{tail}"
-    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
-
-
-def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        try:
-            scheme = urlsplit(raw).scheme
-        except ValueError:
-            scheme = ""
-        if scheme not in schemes:
-            raise SettingsError(
-                f"{name}={redact(raw)!r} is not a valid URL: expected a scheme among "
-                f"{', '.join(schemes)}"
-            )
-        if scheme == "rediss":
-            _check_ssl_cert_reqs(name, raw)
-        if scheme == "sentinel":
-            _check(name, raw, redisconn.parse_sentinel_url)
-        return raw
-
-    return parse
-
-
-def _check(name: str, raw: str, parse: Callable[[str], object]) -> None:
-    try:
-        parse(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name}={redact(raw)!r}: {exc}") from None
-
-
-def _cluster_nodes(name: str, raw: str) -> tuple[str, ...]:
-    _check(name, raw, redisconn.parse_cluster_nodes)
-    return redisconn.parse_cluster_nodes(raw)
-
-
 def _check_redis_topology(settings: Settings) -> None:
     """Sentinel URLs need SENTINEL_MASTER; REDIS_CLUSTER_NODES needs a redis:// REDIS_URL
     on db 0 (it gives only the cluster's password)."""
@@ -236,194 +171,61 @@ def _check_redis_topology(settings: Settings) -> None:
         if urlsplit(url).scheme not in ("redis", "rediss"):
             raise SettingsError(f"REDIS_URL={redact(url)!r}: with REDIS_CLUSTER_NODES it must "
                                 "be redis:// or rediss:// (it gives the cluster's password)")
-        _check("REDIS_URL", url, _db_zero)
-
-
-def _db_zero(url: str) -> None:
-    if redisconn.url_db(url) != 0:
-        raise ValueError("names a database other than 0, and a Redis Cluster "
-                         "(REDIS_CLUSTER_NODES) has only database 0")
-
-
-SSL_CERT_REQS = ("required", "optional", "none", "cert_required", "cert_optional", "cert_none")
-
-
-def _check_ssl_cert_reqs(name: str, raw: str) -> None:
-    """Celery's broker and result backend refuse a rediss:// URL without ssl_cert_reqs on
-    first use (after start-up looked fine): refuse it at start-up instead."""
-    values = parse_qs(urlsplit(raw).query).get("ssl_cert_reqs", [])
-    if not values or values[-1].lower() not in SSL_CERT_REQS:
-        raise SettingsError(
-            f"{name}={redact(raw)!r}: a rediss:// URL must say how to check the server's "
-            "certificate, e.g. ?ssl_cert_reqs=required (or optional, none)")
-
-
-def _url_list(schemes: tuple[str, ...]) -> Callable[[str, str], tuple[str, ...]]:
-    one = _url(schemes)
-
-    def parse(name: str, raw: str) -> tuple[str, ...]:
-        urls = tuple(part.strip() for part in raw.split(","))
-        if any(not url for url in urls):
-            raise SettingsError(f"{name} must be a comma-separated list of URLs, "
-                                "with no empty entry")
-        return tuple(one(name, url) for url in urls)
-
-    return parse
-
-
-def _flag(name: str, raw: str) -> bool:
-    value = raw.lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise SettingsError(f"{name}={raw!r} must be 1 or 0 (true/false, yes/no, on/off)")
-
-
-def _database_url(name: str, raw: str) -> str:
-    try:
-        make_url(raw)
-    except ArgumentError as exc:
-        raise SettingsError(f"{name}={redact(raw)!r} is not a SQLAlchemy URL: {exc}") from None
-    return raw
-
-
-def _modules(name: str, raw: str) -> tuple[str, ...]:
-    modules = tuple(part.strip() for part in raw.split(","))
-    for module in modules:
-        if not _MODULE.fullmatch(module):
-            raise SettingsError(f"{name}: {module[:64]!r} is not a dotted module name")
-    return modules
-
-
-_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
-
-def _one_of(*choices: str) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        if raw not in choices:
-            raise SettingsError(f"{name}={raw[:32]!r} must be one of {', '.join(choices)}")
-        return raw
-
-    return parse
-
-
-def _at_least(cast: Callable[[str], T], minimum: float) -> Callable[[str, str], T]:
-    def parse(name: str, raw: str) -> T:
-        try:
-            value = cast(raw)
-        except ValueError:
-            raise SettingsError(f"{name}={raw[:32]!r} is not a number") from None
-        if not value >= minimum:  # type: ignore[operator]
-            raise SettingsError(f"{name}={raw[:32]!r} must be at least {minimum:g}")
-        return value
-
-    return parse
-
-
-def _positive(cast: Callable[[str], T]) -> Callable[[str, str], T]:
-    def parse(name: str, raw: str) -> T:
-        try:
-            value = cast(raw)
-        except ValueError:
-            raise SettingsError(f"{name}={raw!r} is not a number") from None
-        if not value > 0:  # type: ignore[operator]
-            raise SettingsError(f"{name}={raw!r} must be greater than 0")
-        return value
-
-    return parse
-
-
-def _port(name: str, raw: str) -> int:
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise SettingsError(f"{name}={raw!r} must be a TCP port (1-65535)")
-    return int(raw)
-
-
-def _address(name: str, raw: str) -> str:
-    import ipaddress
-
-    try:
-        return str(ipaddress.ip_address(raw))
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} must be an IP address (e.g. 127.0.0.1)") from None
-
-
-def _sentinel_master(name: str, raw: str) -> str:
-    if not _MASTER_NAME.fullmatch(raw):
-        raise SettingsError(f"{name}={raw[:64]!r} must be a master name (letters, digits, "
-                            "'.', '-', '_')")
-    return raw
-
-
-_MASTER_NAME = re.compile(r"[\w.-]{1,128}")
-
-
-def _queue(name: str, raw: str) -> str:
-    if not _MASTER_NAME.fullmatch(raw):
-        raise SettingsError(f"{name}={raw[:64]!r} must be a queue name (letters, digits, "
-                            "'.', '-', '_')")
-    return raw
-
-
-def _secret(name: str, raw: str) -> str:
-    if len(raw) < 32:
-        raise SettingsError(f"{name} must be at least 32 characters (it signs session cookies)")
-    return raw
+        envparse.check("REDIS_URL", url, envparse.db_zero)
 
 
 _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
-    "redis_url": ("REDIS_URL", _url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
-    "broker_url": ("BROKER_URL", _url((*BROKER_SCHEMES, *SENTINEL_SCHEMES))),
-    "result_backend": ("RESULT_BACKEND", _url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
-    "database_url": ("DATABASE_URL", _database_url),
-    "lease_ttl": ("LEASE_TTL", _positive(float)),
-    "soft_time_limit": ("SOFT_TIME_LIMIT", _positive(float)),
-    "time_limit": ("TIME_LIMIT", _positive(float)),
-    "visibility_timeout": ("VISIBILITY_TIMEOUT", _positive(int)),
-    "reconcile_interval": ("RECONCILE_INTERVAL", _positive(float)),
-    "redelivery_cap": ("REDELIVERY_CAP", _positive(int)),
-    "range_slice": ("RANGE_SLICE", _positive(float)),
-    "range_settle": ("RANGE_SETTLE", _positive(float)),
-    "restock_redis_urls": ("RESTOCK_REDIS_URLS", _url_list(REDIS_SCHEMES)),
-    "restock_shards": ("RESTOCK_SHARDS", _positive(int)),
-    "restock_queues": ("RESTOCK_QUEUES", _positive(int)),
-    "restock_delay": ("RESTOCK_DELAY", _positive(float)),
-    "restock_capacity": ("RESTOCK_CAPACITY", _positive(int)),
-    "restock_batch": ("RESTOCK_BATCH", _positive(int)),
-    "restock_interval": ("RESTOCK_INTERVAL", _positive(float)),
-    "maintenance_every": ("MAINTENANCE_EVERY", _positive(float)),
-    "journal_retention": ("JOURNAL_RETENTION", _positive(float)),
-    "extra_task_modules": ("EXTRA_TASK_MODULES", _modules),
-    "rollback_on_retry": ("ROLLBACK_ON_RETRY", _flag),
-    "cm_data_partition_size": ("CM_DATA_PARTITION_SIZE", _at_least(int, 1)),
-    "cm_data_batch_size": ("CM_DATA_BATCH_SIZE", _at_least(int, 1)),
-    "cm_data_parallelism": ("CM_DATA_PARALLELISM", _at_least(int, 1)),
-    "cm_data_work": ("CM_DATA_WORK", _one_of("trivial", "cpu")),
-    "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", _at_least(float, 0)),
-    "cm_data_target_batch_s": ("CM_DATA_TARGET_BATCH_S", _at_least(float, 0)),
-    "dead_letter_retention": ("DEAD_LETTER_RETENTION", _positive(float)),
-    "max_message_bytes": ("MAX_MESSAGE_BYTES", _positive(int)),
-    "metrics_port": ("METRICS_PORT", _port),
-    "metrics_address": ("METRICS_ADDRESS", _address),
-    "log_format": ("LOG_FORMAT", _one_of("text", "json")),
-    "tracing": ("TRACING", _flag),
-    "tracing_exporter": ("TRACING_EXPORTER", _one_of("otlp", "console")),
+    "redis_url": ("REDIS_URL", envparse.url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
+    "broker_url": ("BROKER_URL", envparse.url((*BROKER_SCHEMES, *SENTINEL_SCHEMES))),
+    "result_backend": ("RESULT_BACKEND", envparse.url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
+    "database_url": ("DATABASE_URL", envparse.database_url),
+    "lease_ttl": ("LEASE_TTL", envparse.positive(float)),
+    "soft_time_limit": ("SOFT_TIME_LIMIT", envparse.positive(float)),
+    "time_limit": ("TIME_LIMIT", envparse.positive(float)),
+    "visibility_timeout": ("VISIBILITY_TIMEOUT", envparse.positive(int)),
+    "reconcile_interval": ("RECONCILE_INTERVAL", envparse.positive(float)),
+    "redelivery_cap": ("REDELIVERY_CAP", envparse.positive(int)),
+    "range_slice": ("RANGE_SLICE", envparse.positive(float)),
+    "range_settle": ("RANGE_SETTLE", envparse.positive(float)),
+    "restock_redis_urls": ("RESTOCK_REDIS_URLS", envparse.url_list(REDIS_SCHEMES)),
+    "restock_shards": ("RESTOCK_SHARDS", envparse.positive(int)),
+    "restock_queues": ("RESTOCK_QUEUES", envparse.positive(int)),
+    "restock_delay": ("RESTOCK_DELAY", envparse.positive(float)),
+    "restock_capacity": ("RESTOCK_CAPACITY", envparse.positive(int)),
+    "restock_batch": ("RESTOCK_BATCH", envparse.positive(int)),
+    "restock_interval": ("RESTOCK_INTERVAL", envparse.positive(float)),
+    "maintenance_every": ("MAINTENANCE_EVERY", envparse.positive(float)),
+    "journal_retention": ("JOURNAL_RETENTION", envparse.positive(float)),
+    "extra_task_modules": ("EXTRA_TASK_MODULES", envparse.modules),
+    "rollback_on_retry": ("ROLLBACK_ON_RETRY", envparse.flag),
+    "cm_data_partition_size": ("CM_DATA_PARTITION_SIZE", envparse.at_least(int, 1)),
+    "cm_data_batch_size": ("CM_DATA_BATCH_SIZE", envparse.at_least(int, 1)),
+    "cm_data_parallelism": ("CM_DATA_PARALLELISM", envparse.at_least(int, 1)),
+    "cm_data_work": ("CM_DATA_WORK", envparse.one_of("trivial", "cpu")),
+    "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", envparse.at_least(float, 0)),
+    "cm_data_target_batch_s": ("CM_DATA_TARGET_BATCH_S", envparse.at_least(float, 0)),
+    "dead_letter_retention": ("DEAD_LETTER_RETENTION", envparse.positive(float)),
+    "max_message_bytes": ("MAX_MESSAGE_BYTES", envparse.positive(int)),
+    "metrics_port": ("METRICS_PORT", envparse.port),
+    "metrics_address": ("METRICS_ADDRESS", envparse.address),
+    "log_format": ("LOG_FORMAT", envparse.one_of("text", "json")),
+    "tracing": ("TRACING", envparse.flag),
+    "tracing_exporter": ("TRACING_EXPORTER", envparse.one_of("otlp", "console")),
     "worker_heartbeat_file": ("WORKER_HEARTBEAT_FILE", lambda _name, raw: raw),
-    "worker_heartbeat_interval": ("WORKER_HEARTBEAT_INTERVAL", _positive(float)),
-    "amqp_delivery_limit": ("AMQP_DELIVERY_LIMIT", _positive(int)),
-    "redis_cluster_nodes": ("REDIS_CLUSTER_NODES", _cluster_nodes),
-    "sentinel_master": ("SENTINEL_MASTER", _sentinel_master),
-    "ranges_queue": ("RANGES_QUEUE", _queue),
-    "restock_queue": ("RESTOCK_QUEUE", _queue),
-    "control_queue": ("CONTROL_QUEUE", _queue),
-    "default_queue": ("DEFAULT_QUEUE", _queue),
+    "worker_heartbeat_interval": ("WORKER_HEARTBEAT_INTERVAL", envparse.positive(float)),
+    "amqp_delivery_limit": ("AMQP_DELIVERY_LIMIT", envparse.positive(int)),
+    "redis_cluster_nodes": ("REDIS_CLUSTER_NODES", envparse.cluster_nodes),
+    "sentinel_master": ("SENTINEL_MASTER", envparse.sentinel_master),
+    "ranges_queue": ("RANGES_QUEUE", envparse.queue),
+    "restock_queue": ("RESTOCK_QUEUE", envparse.queue),
+    "control_queue": ("CONTROL_QUEUE", envparse.queue),
+    "default_queue": ("DEFAULT_QUEUE", envparse.queue),
     "console_user": ("CONSOLE_USER", lambda _name, raw: raw),
     "console_password": ("CONSOLE_PASSWORD", lambda _name, raw: raw),
-    "console_address": ("CONSOLE_ADDRESS", _address),
-    "console_port": ("CONSOLE_PORT", _port),
-    "console_secret": ("CONSOLE_SECRET", _secret),
-    "flower_url": ("FLOWER_URL", _url(("http", "https"))),
+    "console_address": ("CONSOLE_ADDRESS", envparse.address),
+    "console_port": ("CONSOLE_PORT", envparse.port),
+    "console_secret": ("CONSOLE_SECRET", envparse.secret),
+    "flower_url": ("FLOWER_URL", envparse.url(("http", "https"))),
 }
 
 

@@ -1,0 +1,231 @@
+"""Parsers of environment values for `tasks.settings`: each takes the variable's name and its
+raw value and returns the parsed value, or raises `SettingsError` naming the variable (with any
+credential in the value redacted).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from typing import TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from tasks import redisconn
+
+__all__ = [
+    "SettingsError", "redact", "url", "url_list", "check", "cluster_nodes", "db_zero", "flag",
+    "database_url", "modules", "one_of", "at_least", "positive", "port", "address",
+    "sentinel_master", "queue", "secret", "SSL_CERT_REQS",
+]
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    """A setting has a value the platform cannot run with; the message names the variable."""
+
+
+# Query parameters whose value is a credential (`?password=`, `sslpassword=`, `token=`...).
+_SECRET_PARAM = re.compile(r"([?&;][^=&#;]*(?:pass|pwd|secret|token)[^=&#;]*=)[^&#;]*", re.I)
+
+
+def redact(url: str) -> str:
+    """Return `url` with any password replaced by `***`, for logs and error messages.
+
+    Parsed by hand rather than with urlsplit: a password with an unencoded `#`, `/` or `?`
+    would otherwise end the authority early and show its tail as the path or fragment. The
+    authority ends at the last `@`, and everything after the first `:` before it is hidden
+    (hiding too much is safe; showing a password is not). Credentials in the query string
+    are hidden too.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _SECRET_PARAM.sub(r"\1***", url)
+    userinfo, at, tail = rest.rpartition("@")
+    if at and ":" in userinfo:
+        user = userinfo.split(":", 1)[0]
+        rest = f"{user}:***@{tail}"
+    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
+
+
+def url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
+    """A URL whose scheme is one of `schemes` (rediss:// must say how to check certificates)."""
+    def parse(name: str, raw: str) -> str:
+        try:
+            scheme = urlsplit(raw).scheme
+        except ValueError:
+            scheme = ""
+        if scheme not in schemes:
+            raise SettingsError(
+                f"{name}={redact(raw)!r} is not a valid URL: expected a scheme among "
+                f"{', '.join(schemes)}"
+            )
+        if scheme == "rediss":
+            _check_ssl_cert_reqs(name, raw)
+        if scheme == "sentinel":
+            check(name, raw, redisconn.parse_sentinel_url)
+        return raw
+
+    return parse
+
+
+def check(name: str, raw: str, parse: Callable[[str], object]) -> None:
+    """Run `parse(raw)`; its ValueError becomes a SettingsError naming `name`."""
+    try:
+        parse(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={redact(raw)!r}: {exc}") from None
+
+
+def cluster_nodes(name: str, raw: str) -> tuple[str, ...]:
+    """REDIS_CLUSTER_NODES: `host:port,...`, the cluster's seed nodes."""
+    check(name, raw, redisconn.parse_cluster_nodes)
+    return redisconn.parse_cluster_nodes(raw)
+
+
+def db_zero(url: str) -> None:
+    """A Redis Cluster has database 0 only."""
+    if redisconn.url_db(url) != 0:
+        raise ValueError("names a database other than 0, and a Redis Cluster "
+                         "(REDIS_CLUSTER_NODES) has only database 0")
+
+
+SSL_CERT_REQS = ("required", "optional", "none", "cert_required", "cert_optional", "cert_none")
+
+
+def _check_ssl_cert_reqs(name: str, raw: str) -> None:
+    """Celery's broker and result backend refuse a rediss:// URL without ssl_cert_reqs on
+    first use (after start-up looked fine): refuse it at start-up instead."""
+    values = parse_qs(urlsplit(raw).query).get("ssl_cert_reqs", [])
+    if not values or values[-1].lower() not in SSL_CERT_REQS:
+        raise SettingsError(
+            f"{name}={redact(raw)!r}: a rediss:// URL must say how to check the server's "
+            "certificate, e.g. ?ssl_cert_reqs=required (or optional, none)")
+
+
+def url_list(schemes: tuple[str, ...]) -> Callable[[str, str], tuple[str, ...]]:
+    """A comma-separated list of `url(schemes)`, no empty entry."""
+    one = url(schemes)
+
+    def parse(name: str, raw: str) -> tuple[str, ...]:
+        urls = tuple(part.strip() for part in raw.split(","))
+        if any(not url for url in urls):
+            raise SettingsError(f"{name} must be a comma-separated list of URLs, "
+                                "with no empty entry")
+        return tuple(one(name, url) for url in urls)
+
+    return parse
+
+
+def flag(name: str, raw: str) -> bool:
+    """1/0, true/false, yes/no, on/off."""
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} must be 1 or 0 (true/false, yes/no, on/off)")
+
+
+def database_url(name: str, raw: str) -> str:
+    """A URL SQLAlchemy can parse."""
+    try:
+        make_url(raw)
+    except ArgumentError as exc:
+        raise SettingsError(f"{name}={redact(raw)!r} is not a SQLAlchemy URL: {exc}") from None
+    return raw
+
+
+def modules(name: str, raw: str) -> tuple[str, ...]:
+    """A comma-separated list of dotted module names."""
+    modules = tuple(part.strip() for part in raw.split(","))
+    for module in modules:
+        if not _MODULE.fullmatch(module):
+            raise SettingsError(f"{name}: {module[:64]!r} is not a dotted module name")
+    return modules
+
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def one_of(*choices: str) -> Callable[[str, str], str]:
+    """One of `choices`, exactly."""
+    def parse(name: str, raw: str) -> str:
+        if raw not in choices:
+            raise SettingsError(f"{name}={raw[:32]!r} must be one of {', '.join(choices)}")
+        return raw
+
+    return parse
+
+
+def at_least(cast: Callable[[str], T], minimum: float) -> Callable[[str, str], T]:
+    """A number (`cast`) of at least `minimum`."""
+    def parse(name: str, raw: str) -> T:
+        try:
+            value = cast(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw[:32]!r} is not a number") from None
+        if not value >= minimum:  # type: ignore[operator]
+            raise SettingsError(f"{name}={raw[:32]!r} must be at least {minimum:g}")
+        return value
+
+    return parse
+
+
+def positive(cast: Callable[[str], T]) -> Callable[[str, str], T]:
+    """A number (`cast`) greater than 0."""
+    def parse(name: str, raw: str) -> T:
+        try:
+            value = cast(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw!r} is not a number") from None
+        if not value > 0:  # type: ignore[operator]
+            raise SettingsError(f"{name}={raw!r} must be greater than 0")
+        return value
+
+    return parse
+
+
+def port(name: str, raw: str) -> int:
+    """A TCP port, 1-65535."""
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SettingsError(f"{name}={raw!r} must be a TCP port (1-65535)")
+    return int(raw)
+
+
+def address(name: str, raw: str) -> str:
+    """An IP address to bind (IPv4 or IPv6)."""
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} must be an IP address (e.g. 127.0.0.1)") from None
+
+
+def sentinel_master(name: str, raw: str) -> str:
+    """The name the sentinels monitor a master under."""
+    if not _MASTER_NAME.fullmatch(raw):
+        raise SettingsError(f"{name}={raw[:64]!r} must be a master name (letters, digits, "
+                            "'.', '-', '_')")
+    return raw
+
+
+_MASTER_NAME = re.compile(r"[\w.-]{1,128}")
+
+
+def queue(name: str, raw: str) -> str:
+    """A queue name: letters, digits, '.', '-', '_'."""
+    if not _MASTER_NAME.fullmatch(raw):
+        raise SettingsError(f"{name}={raw[:64]!r} must be a queue name (letters, digits, "
+                            "'.', '-', '_')")
+    return raw
+
+
+def secret(name: str, raw: str) -> str:
+    """A signing secret of at least 32 characters."""
+    if len(raw) < 32:
+        raise SettingsError(f"{name} must be at least 32 characters (it signs session cookies)")
+    return raw
