@@ -4,14 +4,17 @@ Seeds rows, starts real `celery -A tasks worker` processes and a beat, starts th
 `celery -A tasks call`, shows a progress bar per partition, optionally kills a worker mid-run
 (`--chaos`) so the takeover shows, then verifies that every row was processed exactly once.
 With `--restock` it then runs the restock scenario (devtools/restock_demo.py) on the same
-workers and beat: orders, payments, and unpaid stock coming back. It stops everything it
-started.
+workers and beat: orders, payments, and unpaid stock coming back. With `--console` it also
+serves the operator console (`python -m tasks console`) on 127.0.0.1 with a password drawn for
+this run, printed once on the terminal (never into a log), and keeps it up after the
+verification until Ctrl-C. It stops everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -98,10 +102,14 @@ class Fleet:
         self.env, self.logs = dict(env), logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, *argv: str, module: str = "celery",
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """`python -m celery -A tasks ARGV...` (or `python -m tasks ARGV...`: module "tasks")
+        in its own session, so the terminal's Ctrl-C reaches only the demo."""
+        prefix = ["-m", "celery", "-A", "tasks"] if module == "celery" else ["-m", module]
         log = (self.logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", *argv],
-                                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, *prefix, *argv], env=dict(env or self.env),
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.procs[name] = proc
         return proc
@@ -154,11 +162,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="then run the restock scenario (stock of unpaid orders returns)")
     parser.add_argument("--restock-delay", type=float, default=3.0,
                         help="seconds before an unpaid order's stock comes back")
+    parser.add_argument("--console", action="store_true",
+                        help="also serve the operator console on 127.0.0.1 (user admin, a "
+                             "password drawn per run, both printed once); it stays up after "
+                             "the verification until Ctrl-C")
+    parser.add_argument("--console-port", type=int, default=5566)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
     for name in ("rows", "workers", "partition_size", "batch_size"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if not 0 < args.console_port < 65536:
+        parser.error("--console-port must be a TCP port (1..65535)")
     return args
 
 
@@ -211,6 +226,8 @@ def _run(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engin
         fleet.start(f"worker{i + 1}", "worker", "-P", "prefork", "-c", "1", "-n",
                     f"demo-worker{i + 1}@%h", "--loglevel=INFO")
     fleet.start("beat", "beat", "--loglevel=INFO")
+    if args.console:
+        _start_console(args, console, fleet)
     for i in range(args.workers):
         fleet.wait_ready(f"worker{i + 1}", "ready.")
     console.print(f"{args.workers} workers and a beat are up; starting the job with "
@@ -234,7 +251,51 @@ def _run(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engin
         from devtools.restock_demo import run_restock
 
         ok = run_restock(console, fleet.env["REDIS_URL"], args.restock_delay) and ok
+    if args.console:
+        _hold_console(args, console, fleet)
     return 0 if ok else 1
+
+
+def _start_console(args: argparse.Namespace, console: Console, fleet: Fleet) -> None:
+    """`python -m tasks console` on the demo's stores, user admin and a password drawn for
+    this run: both go to the console's environment only and are printed once, here."""
+    password = secrets.token_urlsafe(12)
+    env = dict(fleet.env, CONSOLE_USER="admin", CONSOLE_PASSWORD=password,
+               CONSOLE_ADDRESS="127.0.0.1", CONSOLE_PORT=str(args.console_port))
+    fleet.start("console", "console", module="tasks", env=env)
+    try:
+        fleet.wait_ready("console", "console: serving")
+    except RuntimeError:  # e.g. the port is taken: its last line says so
+        lines = (fleet.logs / "console.log").read_text(errors="replace").strip().splitlines()
+        console.print(f"[red]the console did not start: {escape(lines[-1] if lines else '?')}"
+                      "[/] (--console-port)", soft_wrap=True)
+        raise SystemExit(1) from None
+    console.print(f"console: {_console_url(args)}   user: admin   password: {password}   "
+                  "(this run only)", soft_wrap=True)
+
+
+def _console_url(args: argparse.Namespace) -> str:
+    return f"http://127.0.0.1:{args.console_port}/"
+
+
+def _interrupted(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _hold_console(args: argparse.Namespace, console: Console, fleet: Fleet) -> None:
+    """Keep the console (and the workers it shows) up until Ctrl-C or SIGTERM (then the
+    caller stops everything), or until the console exits."""
+    proc = fleet.procs["console"]
+    console.print(f"the console stays up at {_console_url(args)}: press Ctrl-C to stop the "
+                  "demo", soft_wrap=True)
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+        console.print(f"[red]the console exited ({proc.returncode}); see "
+                      f"{fleet.logs / 'console.log'}[/]")
+    except KeyboardInterrupt:
+        console.print("stopping")
 
 
 def _watch(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engine,
