@@ -6,6 +6,7 @@ import json
 import re
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -17,7 +18,9 @@ from devtools.embedded import free_port
 from tasks.examples.seed import seed_cm_data
 from tasks.metrics import metrics_dir_root
 from tasks.models import WORK
+from tasks.restock.routing import Router
 from tests.ranges.cluster import Platform
+from tests.support.brokers import platform_client
 from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer
 from tests.support.workers import celery_call, platform_env, start_worker, wait_until
@@ -84,6 +87,65 @@ def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
     assert not pid_dir.exists()  # removed at shutdown
     exported = {name for name, _labels in after}
     assert dashboard_metrics() - exported == set()
+
+
+@pytest.mark.timeout(120)
+def test_a_restock_sync_and_drain_move_the_restock_metrics_by_the_entries_drained(
+    worker_env: dict[str, str]
+) -> None:
+    """Three orders' entries on one shard queue (two unpaid, one paid): the unsynced log, the
+    delay queue and its due entries are read at scrape time; the drain counts two SUCCESS and
+    one PAID on that node and queue, and nothing anywhere else."""
+    port = free_port()
+    env = dict(worker_env, METRICS_PORT=str(port), RESTOCK_SHARDS="4", RESTOCK_QUEUES="2",
+               RESTOCK_DELAY="1", RESTOCK_BATCH="2")
+    fresh_database(env["DATABASE_URL"]).dispose()
+    router = Router(shards=4, queues=("q0", "q1"))
+    node, queue = str(router.shard_for("sku-m")), router.queue_for("m-1")
+    worker = start_worker(env, 2)
+    app = platform_client(env)
+
+    def call(task: str, *args: Any) -> Any:
+        return app.send_task(f"tasks.restock.{task}", args=args).get(timeout=30)
+
+    def entries(samples: Samples) -> dict[tuple[tuple[str, str], ...], float]:
+        return {labels: v for (name, labels), v in samples.items()
+                if name == "rangekeeper_restock_entries_total" and v}
+
+    try:
+        before = wait_until(lambda: scrape(port), 30, "the metrics endpoint")
+        assert entries(before) == {}
+        assert value(before, "rangekeeper_restock_entries_total", node=node, queue=queue,
+                     status="SUCCESS") == 0  # the series exists before the first drain
+        call("define_sku", "sku-m", 10)
+        for order, qty in (("o-1", 2), ("o-2", 1), ("o-3", 3)):
+            call("place_order", order, "m-1", [[f"i-{order}", "sku-m", qty]])
+        call("pay", "o-3")
+        where = {"node": node, "queue": queue}
+        logged = scrape(port)
+        assert value(logged, "rangekeeper_restock_unsynced_log_entries", **where) == 3
+        assert value(logged, "rangekeeper_restock_queued", **where) == 0
+        assert call("sync", int(node), queue)["moved"] == 3
+        synced = scrape(port)
+        assert value(synced, "rangekeeper_restock_unsynced_log_entries", **where) == 0
+        assert value(synced, "rangekeeper_restock_queued", **where) == 3
+        wait_until(lambda: value(scrape(port), "rangekeeper_restock_due", **where) == 3, 10,
+                   "the three entries due")
+        report = call("drain", int(node), queue)
+        assert report["outcome"] == "drained" and report["batches"] == 2, report
+        after = scrape(port)
+        assert call("inspect", "sku-m")["redis_stock"] == 10 - 3  # o-1 and o-2 came back
+    finally:
+        worker.stop()
+        app.close()
+    assert report["statuses"] == {"SUCCESS": 2, "PAID": 1}
+    drained = entries(after)
+    assert drained == {(("node", node), ("queue", queue), ("status", "SUCCESS")): 2,
+                       (("node", node), ("queue", queue), ("status", "PAID")): 1}
+    assert sum(drained.values()) == sum(report["statuses"].values())
+    assert value(after, "rangekeeper_restock_queued", **where) == 0
+    assert value(after, "rangekeeper_restock_due", **where) == 0
+    assert after[("rangekeeper_restock_dead_letters_total", tuple(sorted(where.items())))] == 0
 
 
 def dashboard_metrics() -> set[str]:
@@ -160,7 +222,9 @@ def test_a_takeover_after_kill_9_is_counted_on_the_survivor(
         survivor = scrape(ports[1])
     finally:
         platform.stop()
-        engine.dispose()
-    platform.assert_exactly_once(2000)
+    try:
+        platform.assert_exactly_once(2000)
+    finally:
+        engine.dispose()  # after the last query: a connection made after it would leak
     assert value(survivor, "rangekeeper_range_takeovers_total", job="cm_data") == 1
     assert value(survivor, "rangekeeper_range_rows_processed_total", job="cm_data") > 1000
