@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, and_, update
+from sqlalchemy import Row, bindparam, update
 
 from tasks.app import settings
 from tasks.models import CM_DATA, CmData
@@ -78,22 +78,25 @@ def cpu_work(row: Any) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", str(row.payload).encode(), b"cm_data", CPU_ROUNDS)
 
 
+# The effect, built once: by the batch's id range (`ctx.span`) or by its list of ids.
+_MARK = update(CM_DATA).values(status=1, processed_count=CM_DATA.c.processed_count + 1,
+                               processed_fence=bindparam("fence"))
+MARK_SPAN = _MARK.where(CM_DATA.c.id.between(bindparam("first"), bindparam("last")),
+                        CM_DATA.c.status == 0)
+MARK_IDS = _MARK.where(CM_DATA.c.id.in_(bindparam("ids", expanding=True)))
+
+
 def mark_processed(rows: Sequence[Row[Any]], ctx: Context) -> None:
     """The batch's effect: one UPDATE inside the checkpoint's transaction."""
     if CONFIG.work == "cpu":
         ctx.map(cpu_work, rows)
     if CONFIG.batch_delay > 0:
         time.sleep(CONFIG.batch_delay)
-    table = CM_DATA
     if ctx.span is not None:
         first, last = ctx.span
-        which = and_(table.c.id.between(first, last), table.c.status == 0)
+        ctx.session.execute(MARK_SPAN, {"first": first, "last": last, "fence": ctx.fence})
     else:
-        which = table.c.id.in_([row.id for row in rows])
-    ctx.session.execute(
-        update(table).where(which)
-        .values(status=1, processed_count=table.c.processed_count + 1, processed_fence=ctx.fence)
-    )
+        ctx.session.execute(MARK_IDS, {"ids": [row.id for row in rows], "fence": ctx.fence})
 
 
 cm_data = register(

@@ -20,17 +20,26 @@ until a closing read finds nothing; that read and the `done` update are one tran
 
 A row committed after the closing read is found by the reconciler's late-commit check
 (`RANGE_SETTLE` after the partition finished) or, above the checkpoint, by its growth check.
+
+The keyset pass ends at its first empty read or at a batch shorter than it asked for (that read
+saw every matching row up to `hi`); either way the closing pass reads the whole range again.
+
+Rows come off the driver's cursor as plain tuples (`BatchRows`) when the job's columns need no
+conversion on the dialect; SQLAlchemy `Row`s are made only if the job looks at its rows. The
+runner itself needs only each row's id.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
-from sqlalchemy import Connection, Row, bindparam, func, select
+from sqlalchemy import Connection, Dialect, Row, bindparam, func, select
+from sqlalchemy.engine import result_tuple
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from tasks.db import WRITE_INTENT, affected, utcnow
@@ -43,7 +52,9 @@ from tasks.ranges.sizing import Sizer
 from tasks.ranges.skips import Skips, quarantined_ids
 from tasks.ranges.workrow import WorkRow
 
-__all__ = ["Batches", "Cursor"]
+__all__ = ["Batches", "Cursor", "BatchRows", "CHECK_CHUNK"]
+
+CHECK_CHUNK = 5000  # ids per statement of the filter-contract check (under every bind limit)
 
 
 @dataclass
@@ -54,6 +65,78 @@ class Cursor:
     closing: bool = False
     checked: bool = False  # the filter contract was checked on a batch of this run
     closed_ids: frozenset[int] = frozenset()  # ids the previous closing batch processed
+
+
+class BatchRows(Sequence[Row[Any]]):
+    """One batch's rows as the driver returned them, made SQLAlchemy `Row`s on first access.
+
+    `raw` holds the driver's tuples in the order of the read's columns, or `Row`s already
+    (`make` None: a column needed a type conversion, so the read went through SQLAlchemy).
+    The runner reads only ids (`id_at`, `ids`); a job that writes by `Context.span` may never
+    touch its rows, and then no `Row` is built: for a batch of 20,000 rows that saves the
+    objects and the garbage collector's walks over them (plain tuples of ints and strings
+    drop out of its tracking).
+    """
+
+    __slots__ = ("_raw", "_make", "_id", "_rows")
+
+    def __init__(self, raw: Sequence[Any], make: Callable[[Any], Row[Any]] | None,
+                 id_index: int) -> None:
+        self._raw, self._make, self._id = raw, make, id_index
+        self._rows: Sequence[Row[Any]] | None = None if make is not None else raw
+
+    def id_at(self, index: int) -> int:
+        return int(self._raw[index][self._id])
+
+    def ids(self) -> list[int]:
+        i = self._id
+        return [int(r[i]) for r in self._raw]
+
+    def rows(self) -> Sequence[Row[Any]]:
+        if self._rows is None:
+            assert self._make is not None
+            self._rows = list(map(self._make, self._raw))
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, index: int) -> Row[Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Row[Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> Row[Any] | Sequence[Row[Any]]:
+        return self.rows()[index]
+
+    def __iter__(self) -> Iterator[Row[Any]]:
+        return iter(self.rows())
+
+
+def _id_at(rows: Sequence[Row[Any]], index: int, id_column: str) -> int:
+    if isinstance(rows, BatchRows):
+        return rows.id_at(index)
+    return int(getattr(rows[index], id_column))
+
+
+def _ids(rows: Sequence[Row[Any]], id_column: str) -> list[int]:
+    if isinstance(rows, BatchRows):
+        return rows.ids()
+    return [int(getattr(r, id_column)) for r in rows]
+
+
+def _plain(columns: Sequence[Any], dialect: Dialect) -> bool:
+    """Whether the driver's values of `columns` are what SQLAlchemy would return (no result
+    processor on this dialect: integers and strings on the three databases)."""
+    for column in columns:
+        try:
+            impl = column.type.dialect_impl(dialect)
+            if impl.result_processor(dialect, None) is not None:
+                return False
+        except (SQLAlchemyError, TypeError, ValueError, KeyError):
+            return False
+    return True
 
 
 class Batches:
@@ -80,7 +163,12 @@ class Batches:
             with row.sessions() as session:
                 self.skips = Skips(job, partition.part,
                                    quarantined_ids(session, job.name, partition.part))
-        columns = [job.table.c[c] for c in job.columns] if job.columns else [job.table]
+        columns = ([job.table.c[c] for c in job.columns] if job.columns
+                   else list(job.table.c))
+        self._columns = columns
+        self._id_index = [c.key for c in columns].index(job.id_column)
+        self._make_row = result_tuple([c.key for c in columns], [(c,) for c in columns])
+        self._raw_ok: bool | None = None  # the columns need no conversion (first read says)
         self._query = (select(*columns)
                        .where(job.id_col >= bindparam("from_id"), job.id_col <= partition.hi,
                               job.where)
@@ -92,6 +180,13 @@ class Batches:
         self._top = select(func.max(job.id_col)).where(job.id_col >= partition.lo,
                                                        job.id_col <= partition.hi)
         self._guard = row.checkpoint_statement()
+        self._left_in_range = (select(job.id_col)
+                               .where(job.id_col.between(bindparam("first"), bindparam("last")),
+                                      job.where)
+                               .limit(1))
+        self._left = (select(job.id_col)
+                      .where(job.id_col.in_(bindparam("ids", expanding=True)), job.where)
+                      .limit(1))
 
     def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str | None:
         """Process one batch as the holder of `fence`; return the new checkpoint, None when
@@ -120,15 +215,30 @@ class Batches:
         metrics.range_batch_size.labels(job).set(self.sizer.size)
 
     def _keyset_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | None:
+        size = self.sizer.size
         with self.row.sessions.begin() as session:
             conn = session.connection(execution_options=WRITE_INTENT)
-            rows = conn.execute(self._read, {"from_id": self.cursor.next_id,
-                                             "size": self.sizer.size}).all()
+            rows = self._fetch(conn, self.cursor.next_id, size)
             if not rows:
                 return None
             checkpoint, done = self._process(session, conn, fence, rows, pool,
                                              check=not self.cursor.checked)
+        if len(rows) < size:  # the read saw every matching row up to `hi`
+            self.cursor.closing = True
         return self._advance(checkpoint, done)
+
+    def _fetch(self, conn: Connection, from_id: int, size: int) -> BatchRows:
+        """The next `size` rows to do from `from_id`, off the driver's cursor when plain."""
+        if self._raw_ok is None:
+            self._raw_ok = _plain(self._columns, conn.dialect)
+        result = conn.execute(self._read, {"from_id": from_id, "size": size})
+        if not self._raw_ok or result.cursor is None:
+            return BatchRows(result.all(), None, self._id_index)
+        try:
+            raw = result.cursor.fetchall()
+        finally:
+            result.close()
+        return BatchRows(raw, self._make_row, self._id_index)
 
     def _closing_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
         with self.row.sessions.begin() as session:
@@ -137,8 +247,7 @@ class Batches:
             # with a higher id reopens the partition (growth); one with an id up to `top` is
             # found by the late-commit check.
             top = conn.execute(self._top).scalar()
-            rows = conn.execute(self._read, {"from_id": self.partition.lo,
-                                             "size": self.sizer.size}).all()
+            rows = self._fetch(conn, self.partition.lo, self.sizer.size)
             if not rows:
                 next_id = self.cursor.next_id
                 return self.row.finish(conn, fence,
@@ -152,7 +261,8 @@ class Batches:
                  check: bool) -> tuple[int, int]:
         """Guard the work row, then run the job on `rows`, in the batch's transaction; return
         the new checkpoint and how many rows were processed (not skipped)."""
-        last = int(getattr(rows[-1], self.job.id_column))
+        id_column = self.job.id_column
+        last = _id_at(rows, -1, id_column)
         checkpoint = max(self.cursor.next_id, last + 1)  # closing rows may lie below the cursor
         rate = (self.rows_done + len(rows)) / max(self.clock() - self.started, 1e-6)
         guarded = affected(conn.execute(self._guard, {
@@ -163,7 +273,7 @@ class Batches:
         exact = conn.dialect.name == "sqlite"  # the write lock is held from the read on
 
         def run(chunk: Sequence[Row[Any]]) -> None:
-            first, last = (int(getattr(chunk[i], self.job.id_column)) for i in (0, -1))
+            first, last = _id_at(chunk, 0, id_column), _id_at(chunk, -1, id_column)
             span = (first, last) if exact and self._clear_of_quarantine(first, last) else None
             self.job.process(chunk, Context(session, fence, self.job, self.partition, pool,
                                             span))
@@ -172,7 +282,7 @@ class Batches:
         if self.skips is None:
             run(rows)
         elif skipped:
-            rows = [r for r in rows if int(getattr(r, self.job.id_column)) not in skipped]
+            rows = [r for r in rows if int(getattr(r, id_column)) not in skipped]
             conn.execute(self.row.guard(fence).values(rows_done=WORK.c.rows_done - len(skipped)))
         if check and rows:
             self._check_cleared(conn, rows)
@@ -202,7 +312,7 @@ class Batches:
 
     def _refuse_repeats(self, rows: Sequence[Row[Any]]) -> None:
         """Two closing batches in a row that read the same id: its row still matches."""
-        ids = frozenset(int(getattr(r, self.job.id_column)) for r in rows)
+        ids = frozenset(_ids(rows, self.job.id_column))
         again = ids & self.cursor.closed_ids
         if again:
             raise FilterNotCleared(
@@ -213,11 +323,21 @@ class Batches:
 
     def _check_cleared(self, conn: Connection, rows: Sequence[Row[Any]]) -> None:
         """The job's contract: a processed row no longer matches its filter (checked on the
-        first batch of a run and on closing batches; a failure rolls the batch back)."""
+        first batch of a run and on closing batches; a failure rolls the batch back).
+
+        First the cheap test: no row of the batch's id range matches (one range scan). Only
+        if one does (a row the batch left matching, a quarantined row, or a row committed
+        into the range meanwhile) are the batch's own ids looked up, CHECK_CHUNK at a time."""
         job = self.job
-        ids = [getattr(r, job.id_column) for r in rows]
-        left = conn.execute(select(job.id_col).where(job.id_col.in_(ids), job.where)
-                            .limit(1)).scalar()
+        first, last = _id_at(rows, 0, job.id_column), _id_at(rows, -1, job.id_column)
+        if conn.execute(self._left_in_range, {"first": first, "last": last}).first() is None:
+            return
+        ids = _ids(rows, job.id_column)
+        left = None
+        for at in range(0, len(ids), CHECK_CHUNK):
+            left = conn.execute(self._left, {"ids": ids[at:at + CHECK_CHUNK]}).scalar()
+            if left is not None:
+                break
         if left is not None:
             raise FilterNotCleared(
                 f"range job {job.name}: row {left} still matches the job's filter after it was "

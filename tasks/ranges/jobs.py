@@ -126,6 +126,9 @@ class RangeJob:
             if column not in self.table.c:
                 raise ValueError(f"range job {self.name}: table {self.table.name} has no "
                                  f"column {column!r}")
+        if self.columns and self.id_column not in self.columns:
+            raise ValueError(f"range job {self.name}: columns must include the id column "
+                             f"{self.id_column!r} (the runner keeps its place by it)")
 
     @property
     def id_col(self) -> Any:

@@ -175,11 +175,13 @@ class PartitionRunner:
                          self.part, stop)
                 self.row.park(lease.fence)
                 return Outcome.PAUSED
+            closing = batches.cursor.closing
             step = self._with_retries(lease, batches.step, lease.fence, pool)
             if isinstance(step, str):
                 return step
-            if step is None:  # the keyset pass is done: the closing pass starts
+            if batches.cursor.closing and not closing:  # the closing pass starts
                 self.seam("keyset-done")
+            if step is None:  # an empty read: nothing committed
                 continue
             lease.heartbeat()
             self._report(batches, step)
