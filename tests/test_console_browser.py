@@ -192,6 +192,7 @@ def test_log_in_start_watch_the_bar_pause_and_resume(stack: Stack, browser: Any)
     assert shot.stat().st_size > 10_000
 
     _press(browser, "#btn-pause")
+    assert "job cm_data" in _flash(browser) and "state paused" in _flash(browser), _flash(browser)
     # Every partition not finished yet is paused: none runs or waits to run.
     wait_until(lambda: set(_statuses(stack.engine)) <= {"paused", "done"}, 60,
                f"every open partition paused in the database: {_statuses(stack.engine)}")

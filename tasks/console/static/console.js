@@ -171,11 +171,22 @@
 
   // -- buttons -----------------------------------------------------------------------------
 
+  // A control's reply in words: "job cm_data, state paused, parked 3" (lists by their length).
+  function inWords(result) {
+    if (result === null || typeof result !== "object") return String(result);
+    return Object.entries(result)
+      .filter(([, value]) => value !== null && value !== undefined)
+      .map(([key, value]) => `${key.replaceAll("_", " ")} ${
+        Array.isArray(value) ? value.length
+          : typeof value === "object" ? JSON.stringify(value) : value}`)
+      .join(", ");
+  }
+
   async function act(url, fields, confirmText, done) {
     if (confirmText && !window.confirm(confirmText)) return;
     try {
       const result = await post(url, fields);
-      flash(`done: ${JSON.stringify(result)}`, "ok");
+      flash(`done: ${inWords(result)}`, "ok");
       if (done) done(result);
     } catch (error) {
       flash(`refused: ${error.message}`, "error");
