@@ -3,7 +3,8 @@
 Timeline of a drain batch, and what each crash point leaves behind::
 
     drainer  lease {node:N}:drain:Q (fence f)          held elsewhere -> BUSY, at once
-      1  due = due.lua: members with due time <= the node's clock (Redis TIME), raw bytes
+      1  take.lua, one round trip: members with due time <= the node's clock (Redis TIME),
+         raw bytes, and
       2  drain-attempts += 1 for each member of the batch, before any work (write-ahead); a
          member past the cap is dead-lettered instead of run. A member with an earlier
          count was in a batch that never finished: it runs alone, so a poison entry sinks
@@ -186,10 +187,10 @@ class Drainer:
                         report.outcome = DrainOutcome.SLICE
                         break
                     lease.check()
-                    members = self.node.scripts.due(self.node.redis_id, queue, self.batch)
-                    if not members:
+                    taken = self.node.scripts.take(self.node.redis_id, queue, self.batch)
+                    if not taken:
                         break
-                    self._batch(queue, lease.token, members, report)
+                    self._batch(queue, lease.token, taken, report)
                     report.batches += 1
                     lease.heartbeat()
         except _Stop as stop:
@@ -204,15 +205,14 @@ class Drainer:
             report.outcome = DrainOutcome.UNAVAILABLE
         return report
 
-    def _batch(self, queue: str, token: str, due: list[bytes], report: DrainReport) -> None:
-        """One batch: count the attempts first, then restock; give back the attempts of
-        members left unprocessed by anything but the death of this process."""
-        members = self._pick(queue, due)
-        counts = self._count_attempts(queue, members)
-        pending = dict(zip(members, counts, strict=True))
+    def _batch(self, queue: str, token: str, taken: list[tuple[bytes, int]],
+               report: DrainReport) -> None:
+        """One batch, its attempts already counted (take.lua): restock; give back the attempts
+        of members left unprocessed by anything but the death of this process."""
+        pending = dict(taken)
         try:
             entries: list[tuple[bytes, RedoEntry]] = []
-            for member, attempts in zip(members, counts, strict=True):
+            for member, attempts in taken:
                 if attempts > self.max_attempts:
                     del pending[member]
                     self._dead_letter(queue, token, member, (
@@ -230,20 +230,6 @@ class Drainer:
                 self._restock_entries(queue, token, entries, pending, report)
         finally:
             self._give_back(queue, pending)
-
-    def _pick(self, queue: str, due: list[bytes]) -> list[bytes]:
-        """The batch: all due members, or the first suspect alone (a member counted by a
-        batch that never finished may be what killed it)."""
-        counts = self.node.client.hmget(attempts_key(self.node.redis_id, queue), due)
-        suspects = [m for m, count in zip(due, counts, strict=True) if count]
-        return suspects[:1] if suspects else due
-
-    def _count_attempts(self, queue: str, members: list[bytes]) -> list[int]:
-        key = attempts_key(self.node.redis_id, queue)
-        with self.node.client.pipeline(transaction=False) as pipe:
-            for member in members:
-                pipe.hincrby(key, member, 1)
-            return [int(n) for n in pipe.execute()]
 
     def _give_back(self, queue: str, pending: dict[bytes, int]) -> None:
         """Undo the attempts of members this batch did not get to (a stop, not a crash)."""

@@ -54,6 +54,7 @@ __all__ = [
     "restock_keys",
     "stock_key",
     "sync_keys",
+    "take_keys",
     "term_key",
 ]
 
@@ -111,7 +112,7 @@ DELAY_PREFIX = "delay:"
 # drain-attempts:{stock:N}:QUEUE -> hash member -> drain attempts at it, counted before each
 # attempt (so a drainer that dies mid-batch counts). No TTL; restock.lua and discard.lua delete
 # a member's count with the member, so it holds at most one field per queued entry. Owner:
-# tasks.restock.drain.
+# tasks.restock.drain (take.lua counts each batch; the drainer gives back what it did not get to).
 ATTEMPTS_PREFIX = "drain-attempts:"
 
 # rebuild-attempts:{stock:N} -> integer, rebuilds of the shard started and not finished (a
@@ -227,6 +228,11 @@ def deduct_keys(redis_id: int, queue: str) -> list[str]:
 def due_keys(redis_id: int, queue: str) -> list[str]:
     """Every key due.lua touches, in its KEYS order."""
     return [delay_key(redis_id, queue)]
+
+
+def take_keys(redis_id: int, queue: str) -> list[str]:
+    """Every key take.lua touches, in its KEYS order."""
+    return [delay_key(redis_id, queue), attempts_key(redis_id, queue)]
 
 
 def sync_keys(redis_id: int, queue: str) -> list[str]:

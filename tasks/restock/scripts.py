@@ -8,6 +8,7 @@ reply::
     deduct.lua   stock -= qty, record the deduction, append a redo-log entry
     sync.lua     redo log -> delay queue (sorted set scored by due time)
     due.lua      the delay queue's due entries, by the node's clock
+    take.lua     a drain batch of due entries, an attempt counted at each first (write-ahead)
     restock.lua  due entries of unpaid orders -> stock += qty, exactly once per entry
     discard.lua  remove dead-lettered entries from the delay queue (drainer only)
     rebuild.lua  maintenance: stock from the database, a new term, pending items re-issued
@@ -43,6 +44,7 @@ from tasks.restock.keys import (
     rebuild_keys,
     restock_keys,
     sync_keys,
+    take_keys,
 )
 from tasks.restock.redolog import (
     MAX_SKU_NUM,
@@ -64,6 +66,7 @@ __all__ = [
     "REBUILD",
     "RESTOCK",
     "SYNC",
+    "TAKE",
     "Deduction",
     "Generation",
     "Reissue",
@@ -74,6 +77,7 @@ __all__ = [
 DEDUCT = load_lua("tasks.restock", "deduct")
 SYNC = load_lua("tasks.restock", "sync")
 DUE = load_lua("tasks.restock", "due")
+TAKE = load_lua("tasks.restock", "take")
 RESTOCK = load_lua("tasks.restock", "restock")
 DISCARD = load_lua("tasks.restock", "discard")
 REBUILD = load_lua("tasks.restock", "rebuild")
@@ -134,6 +138,7 @@ class StockScripts:
         self.client = client
         self.clock = clock
         self.due_script = client.register_script(DUE)
+        self.take_script = client.register_script(TAKE)
         self.deduct_script = client.register_script(DEDUCT)
         self.sync_script = client.register_script(SYNC)
         self.restock_script = client.register_script(RESTOCK)
@@ -215,6 +220,16 @@ class StockScripts:
         members = self.run(self.due_script, due_keys(redis_id, queue),
                            [self._now_arg(), limit])
         return [m if isinstance(m, bytes) else str(m).encode() for m in members]
+
+    def take(self, redis_id: int, queue: str, limit: int = 100) -> list[tuple[bytes, int]]:
+        """A drain batch of the queue's due members, each with its attempt count after the one
+        counted here (write-ahead): every due member, up to `limit`, earliest first, or the
+        first one an earlier batch counted and never finished, alone. One round trip."""
+        if limit <= 0:
+            raise ValueError("limit must be positive")
+        reply = self.run(self.take_script, take_keys(redis_id, queue), [self._now_arg(), limit])
+        members = [m if isinstance(m, bytes) else str(m).encode() for m in reply[0::2]]
+        return list(zip(members, (int(n) for n in reply[1::2]), strict=True))
 
     def restock(
         self, redis_id: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],

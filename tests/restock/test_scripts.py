@@ -1,4 +1,4 @@
-"""deduct.lua, sync.lua, due.lua, restock.lua, discard.lua and rebuild.lua against a real
+"""deduct.lua, sync.lua, due.lua, take.lua, restock.lua, discard.lua and rebuild.lua against a real
 private Redis: every reply code. A fake node clock stands for the node's Redis TIME."""
 
 from __future__ import annotations
@@ -383,6 +383,46 @@ def test_sync_queues_a_message_without_entry_as_malformed(
     assert scripts.sync(NODE, QUEUE) == 3
     members = [m.decode() for m in client.zrange(delay_key(NODE, QUEUE), 0, -1)]
     assert members == [f"MALFORMED:{bad_id}", "not:an:entry", format_entry(good)]
+
+
+def test_take_counts_an_attempt_at_each_due_member_in_due_order(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    early, late = (deduct(scripts, oi, time_ms=T0 + i) for i, oi in enumerate(("oi-1", "oi-2")))
+    later = deduct(scripts, "oi-3", time_ms=T0 + 10_000)
+    assert scripts.sync(NODE, QUEUE) == 3
+    assert isinstance(scripts.clock, FakeClockMs)
+    scripts.clock.now = T0 + DEFAULT_DELAY_MS + 5_000  # the first two are due, not the third
+    taken = scripts.take(NODE, QUEUE, limit=10)
+    assert taken == [(format_entry(early).encode(), 1), (format_entry(late).encode(), 1)]
+    assert client.hget(attempts_key(NODE, QUEUE), format_entry(later)) is None
+    assert scripts.take(NODE, QUEUE, limit=1) == [(format_entry(early).encode(), 2)]
+    with pytest.raises(ValueError):
+        scripts.take(NODE, QUEUE, limit=0)
+
+
+def test_take_runs_a_member_counted_before_alone(scripts: StockScripts, client: redis.Redis
+                                                 ) -> None:
+    """A member an unfinished batch counted may be what killed it: it is taken alone, with
+    its count going up, and nothing else is counted."""
+    entries = queued(scripts, "oi-1", "oi-2", "oi-3")
+    suspect = format_entry(entries[1]).encode()
+    client.hset(attempts_key(NODE, QUEUE), suspect, 2)
+    assert len(due_at(scripts, T0 + 2 * DEFAULT_DELAY_MS)) == 3
+    assert scripts.take(NODE, QUEUE) == [(suspect, 3)]
+    assert client.hlen(attempts_key(NODE, QUEUE)) == 1
+    scripts.restock(NODE, QUEUE, TOKEN, [(entries[1], False)])  # settled with its count
+    assert [n for _, n in scripts.take(NODE, QUEUE)] == [1, 1]
+
+
+def test_take_returns_members_as_stored_and_nothing_when_none_is_due(
+    scripts: StockScripts, client: redis.Redis
+) -> None:
+    assert scripts.take(NODE, QUEUE) == []
+    client.zadd(delay_key(NODE, QUEUE), {b"\xff\xfenot-utf8": T0})
+    assert isinstance(scripts.clock, FakeClockMs)
+    scripts.clock.now = T0
+    assert scripts.take(NODE, QUEUE) == [(b"\xff\xfenot-utf8", 1)]
 
 
 def test_discard_removes_only_for_the_lease_holder(
