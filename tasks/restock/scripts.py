@@ -252,17 +252,18 @@ class StockScripts:
         self, redis_id: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
     ) -> list[RestockResult]:
         keys = restock_keys(redis_id, queue)
+        texts = [format_entry(entry) for entry, _paid in batch]  # reused by the reply check
         args: list[str | int] = [token]
-        for entry, paid in batch:
-            args += [format_entry(entry), entry.order_item_id, entry.sku_id, entry.sku_num,
-                     entry.offset, entry.term, "1" if paid else "0"]
+        for (entry, paid), text in zip(batch, texts, strict=True):
+            args += [text, entry.order_item_id, entry.sku_id, entry.sku_num, entry.offset,
+                     entry.term, "1" if paid else "0"]
         statuses = [reply_text(s) for s in self.run(self.restock_script, keys, args)]
         if len(statuses) != len(batch):
             raise UnexpectedReply("BAD_REPLY", f"{len(statuses)} statuses for {len(batch)}")
         raise_for(statuses[0], f"batch of {len(batch)} on node {redis_id} queue {queue!r}")
         results = []
-        for (entry, _paid), status in zip(batch, statuses, strict=True):
-            raise_for(status, format_entry(entry))
+        for (entry, _paid), status, text in zip(batch, statuses, texts, strict=True):
+            raise_for(status, text)
             results.append(RestockResult(entry=entry, status=status, action=ACTIONS[status]))
         return results
 
