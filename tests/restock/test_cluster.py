@@ -15,7 +15,7 @@ from sqlalchemy.orm import sessionmaker
 
 from tasks.deadletter import DeadLetters
 from tasks.models import ORDER_ITEMS, ItemState
-from tasks.restock.keys import shard_tag
+from tasks.restock.keys import attempts_key, delay_key, shard_tag
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.redis_cluster import Cluster, redis_cluster
 
@@ -136,3 +136,30 @@ def test_moving_shards_slots_while_drains_run_loses_and_doubles_nothing(
     assert all(cluster.owner_of(shard_slot(s)) == (before[s] + 1) % 3 for s in range(SHARDS))
     cworld.settle()  # whatever the migration interrupted, the next pass finishes
     check_settled(cworld, skus)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_take_counts_each_entry_once_on_every_master(cworld: World, cluster: Cluster) -> None:
+    """take.lua (due members and their write-ahead attempt counts, one call) on shards spread
+    over three masters: each queued entry is taken once with count 1; a batch that never
+    finished makes its first member run alone next; a drain then settles all and clears every
+    count."""
+    skus = place_orders(cworld, 45, seed=3)
+    cworld.clock.advance(DELAY_MS + 100)
+    taken: dict[tuple[int, str], list[bytes]] = {}
+    for node, drainer in zip(cworld.nodes, cworld.drainers, strict=True):
+        for queue in cworld.router.queues:
+            drainer.sync(queue)
+            queued = node.client.zrange(delay_key(node.redis_id, queue), 0, -1)
+            batch = node.scripts.take(node.redis_id, queue, limit=1000)
+            assert batch == [(member, 1) for member in queued]
+            if batch:
+                taken[(node.redis_id, queue)] = queued
+    assert {cluster.owner_of(shard_slot(shard)) for shard, _ in taken} == {0, 1, 2}
+    for (shard, queue), queued in taken.items():  # as if each batch's drainer had died
+        assert cworld.nodes[shard].scripts.take(shard, queue) == [(queued[0], 2)]
+    cworld.settle()
+    check_settled(cworld, skus)
+    for node in cworld.nodes:
+        for queue in cworld.router.queues:
+            assert node.client.hlen(attempts_key(node.redis_id, queue)) == 0
