@@ -7,7 +7,8 @@ reply::
 
     deduct.lua   stock -= qty, record the deduction, append a redo-log entry
     sync.lua     redo log -> delay queue (sorted set scored by due time)
-    due.lua      the delay queue's due entries, by the node's clock
+    due.lua      the delay queue's due entries, by the node's clock (a read-only view;
+                 the drainer takes its batches with take.lua)
     take.lua     a drain batch of due entries, an attempt counted at each first (write-ahead)
     restock.lua  due entries of unpaid orders -> stock += qty, exactly once per entry
     discard.lua  remove dead-lettered entries from the delay queue (drainer only)
@@ -18,7 +19,7 @@ their exceptions from :mod:`tasks.restock.replies`; loading and NOSCRIPT handlin
 platform's (`lease.scripts.load_lua`, `lease.scripts.run_script`).
 
 One clock: entry times and "now" come from the node itself (Redis ``TIME``, read inside
-deduct.lua and due.lua), never from a worker's wall clock, so a worker whose clock is off
+deduct.lua, due.lua and take.lua), never from a worker's wall clock, so a worker whose clock is off
 moves no due time and releases nothing early. Tests substitute a fake *node* clock (shared by
 every process of the test) through ``StockScripts(clock=...)``; production passes none.
 
