@@ -15,6 +15,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
+from tasks.examples import cm_data as cm_data_module
 from tasks.examples.cm_data import mark_processed
 from tasks.examples.seed import seed_cm_data
 from tasks.models import CM_DATA, WORK
@@ -198,3 +199,16 @@ def test_rows_come_off_the_cursor_only_when_no_column_needs_converting(
 def test_a_job_must_read_its_id_column() -> None:
     with pytest.raises(ValueError, match="columns must include the id column 'id'"):
         small(columns=("payload",))
+
+
+def test_cm_data_writes_a_batch_by_ids_in_chunks(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where it writes by ids (PostgreSQL, MariaDB), 3 ids a statement: every row once."""
+    monkeypatch.setattr(cm_data_module, "IDS_CHUNK", 3)
+    seed_cm_data(engine, 50)
+    job = small(batch_size=10)
+    plan(sessions, redis_client, job)
+    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert counts(engine) == {1: 50}
