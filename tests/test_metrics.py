@@ -77,6 +77,11 @@ def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
     assert value(after, "rangekeeper_lease_acquired_total") >= 3
     assert value(after, "rangekeeper_lease_lost_total", reason="expired") == 0
     assert value(after, "rangekeeper_range_partitions", job="cm_data", state="done") == 3
+    # One series per run state, 1 for the run's (no beat here to settle it: running or ended)
+    run_state = {state: value(after, "rangekeeper_range_run_state", job="cm_data", state=state)
+                 for state in ("running", "paused", "cancelled", "succeeded", "failed")}
+    assert sorted(run_state.values()) == [0, 0, 0, 0, 1], run_state
+    assert run_state["running"] + run_state["succeeded"] == 1, run_state
     assert value(after, "rangekeeper_range_rows_done", job="cm_data") == 3000
     # counted by the pool processes batch by batch: exactly the job's rows
     assert value(after, "rangekeeper_range_rows_processed_total", job="cm_data") == 3000

@@ -1,5 +1,6 @@
 """The range wing's state for Prometheus, read at scrape time (`tasks.metrics`): partitions
-by job and state, and the rows done and planned per job (from the work rows)."""
+by job and state, the rows done and planned per job (from the work rows), and the state of
+each job's latest run (one series per state, 1 for the run's state and 0 for the others)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from tasks.models import WORK
+from tasks.models import RANGE_RUNS, WORK, RunState
 from tasks.settings import Settings
 
 __all__ = ["collect", "zero"]
@@ -24,8 +25,11 @@ def collect(settings: Settings) -> Iterable[Any]:
     query = (select(w.job, w.status, func.count(), func.sum(w.rows_done),
                     func.sum(w.hi - w.lo + 1))
              .where(w.kind == "range").group_by(w.job, w.status))
+    latest = select(func.max(RANGE_RUNS.c.id)).group_by(RANGE_RUNS.c.job)
     with res.sessions() as session:
         rows = session.execute(query).all()
+        runs = session.execute(select(RANGE_RUNS.c.job, RANGE_RUNS.c.state)
+                               .where(RANGE_RUNS.c.id.in_(latest.scalar_subquery()))).all()
     p = "rangekeeper_range_"
     parts = GaugeMetricFamily(p + "partitions", "partitions by state", labels=["job", "state"])
     done = GaugeMetricFamily(p + "rows_done", "rows processed by the job's partitions",
@@ -41,7 +45,12 @@ def collect(settings: Settings) -> Iterable[Any]:
     for job, (rows_done, ids) in totals.items():
         done.add_metric([job], rows_done)
         planned.add_metric([job], ids)
-    return [parts, done, planned]
+    run_state = GaugeMetricFamily(p + "run_state", "1 for the state of the job's latest run",
+                                  labels=["job", "state"])
+    for job, state in runs:
+        for each in (*RunState.LIVE, *RunState.ENDED):
+            run_state.add_metric([job, each], 1 if each == state else 0)
+    return [parts, done, planned, run_state]
 
 
 def zero(m: Any, settings: Settings) -> None:
