@@ -90,9 +90,11 @@ def test_dead_redis_is_reported_lost_within_one_ttl(
     # last renewal, before the kill); the notice lags it only by thread scheduling.
     assert lease.safe_until < killed + ttl
     assert lease.safe_until <= reported < lease.safe_until + 0.1
-    # Callbacks run after the event is set, on the watchdog thread.
+    # Callbacks run after the event is set, once, on a keeper thread: the watchdog at
+    # safe-until, or the renewer if its failed round trip returns past safe-until first (a
+    # loaded machine), never the holder's thread.
     assert wait_until(lambda: bool(lost_in), 2.0)
-    assert lost_in == ["lease-watchdog"]
+    assert len(lost_in) == 1 and lost_in[0] in ("lease-watchdog", "lease-renewer"), lost_in
 
 
 def test_renewer_survives_an_outage_and_renews_after_restart(
