@@ -176,7 +176,11 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
     """Add the partitions the table's id bounds need and reopen the finished ones it grew
     past; False if the round was overtaken (then it wrote nothing)."""
     with sessions() as session:
-        lo, hi = session.execute(select(func.min(job.id_col), func.max(job.id_col))).one()
+        # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
+        # min() or max() from the index but scans the table for both together (60 ms at
+        # 1,000,000 rows). Still one statement, so one snapshot.
+        lo, hi = session.execute(select(select(func.min(job.id_col)).scalar_subquery(),
+                                        select(func.max(job.id_col)).scalar_subquery())).one()
         plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
                                       func.max(WORK.c.part)).where(
             WORK.c.kind == "range", WORK.c.job == job.name)).one()
