@@ -22,6 +22,8 @@ from contextlib import contextmanager
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from devtools.embedded import redis_binary
+
 __all__ = ["BenchCluster", "bench_cluster"]
 
 SLOTS = 16384
@@ -53,11 +55,11 @@ class BenchCluster:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> BenchCluster:
-        if shutil.which("redis-server") is None:
+        if shutil.which(redis_binary()) is None:
             raise RuntimeError("redis-server is not on PATH")
         for port in self.ports:
             self.procs.append(subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                  "--appendonly", "no", "--cluster-enabled", "yes", "--dir", self.dir,
                  "--cluster-config-file", f"nodes-{port}.conf"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

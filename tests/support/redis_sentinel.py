@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 from redis.sentinel import Sentinel
 
-from devtools.embedded import free_port
+from devtools.embedded import free_port, redis_binary
 from tests.support.redis_server import RedisServer
 
 __all__ = ["SentinelGroup", "sentinel_group", "MASTER_NAME"]
@@ -57,7 +57,7 @@ class SentinelGroup:
                 f"sentinel failover-timeout {MASTER_NAME} 2000\n"
                 f"sentinel parallel-syncs {MASTER_NAME} 1\n")
             self.sentinels.append(subprocess.Popen(
-                ["redis-server", str(conf), "--sentinel"],
+                [redis_binary(), str(conf), "--sentinel"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         self._wait(lambda: self._replica_synced() and self._sentinels_see_master(),
                    "the replica synced and every sentinel watching")

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import redis
 
-from devtools.embedded import free_port
+from devtools.embedded import free_port, redis_binary
 
 
 class RedisServer:
@@ -30,7 +30,7 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+            [redis_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
              "--appendonly", "no", "--dir", self.dir, *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
