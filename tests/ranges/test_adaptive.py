@@ -93,7 +93,9 @@ def test_batch_times_return_to_the_target_after_rows_get_ten_times_dearer(
                               min_batch_size=5, max_batch_size=2000)
     assert run_all(job, sessions, leases, redis_client) == [Outcome.DONE]
     assert sum(rows for _, rows, _ in seen) == ROWS
-    assert all(5 <= rows <= 2000 for _, rows, _ in seen)
+    # Between the bounds; only the partition's tail (the last batch) may hold fewer rows.
+    assert all(5 <= rows <= 2000 for _, rows, _ in seen[:-1]), seen
+    assert 1 <= seen[-1][1] <= 2000, seen
     cheap = [s for first, rows, s in seen if first + rows - 1 <= SWITCH]  # ids are 1..ROWS
     assert near(cheap[-2:]), seen  # held the target before the change
     change = len(cheap)  # the batch that reached the dear rows, sized for cheap ones: slow
