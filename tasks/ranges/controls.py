@@ -99,12 +99,7 @@ class Controls:
         return {"run": run_id, "replanned": replanned}
 
     def pause(self, job: str, actor: str) -> dict[str, Any]:
-        run = self._run(job, "pause", (RunState.RUNNING,))
-        with writing(self.sessions) as session:
-            self._change(session, run, "pause", RunState.PAUSED)
-            parked = self._move(session, run.job, S.PENDING, S.PAUSED)
-            record(session, run.id, run.job, "pause", actor)
-        return self._after(run, RunState.PAUSED, parked=parked + self._park(run))
+        return self._halt(job, "pause", (RunState.RUNNING,), RunState.PAUSED, actor)
 
     def resume(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "resume", (RunState.PAUSED,))
@@ -118,12 +113,18 @@ class Controls:
         return report
 
     def cancel(self, job: str, actor: str) -> dict[str, Any]:
-        run = self._run(job, "cancel", RunState.LIVE)
+        return self._halt(job, "cancel", RunState.LIVE, RunState.CANCELLED, actor)
+
+    def _halt(self, job: str, verb: str, allowed: tuple[str, ...], to: str,
+              actor: str) -> dict[str, Any]:
+        """Pause or cancel: the run moves to `to`, pending partitions are parked at once and
+        running ones by their holders at the next batch (or here, if nobody holds them)."""
+        run = self._run(job, verb, allowed)
         with writing(self.sessions) as session:
-            self._change(session, run, "cancel", RunState.CANCELLED)
+            self._change(session, run, verb, to)
             parked = self._move(session, run.job, S.PENDING, S.PAUSED)
-            record(session, run.id, run.job, "cancel", actor)
-        return self._after(run, RunState.CANCELLED, parked=parked + self._park(run))
+            record(session, run.id, run.job, verb, actor)
+        return self._after(run, to, parked=parked + self._park(run))
 
     def retry_failed(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "retry-failed", (*RunState.LIVE, RunState.FAILED))

@@ -4,7 +4,6 @@ partition run on a real database whose per-row cost changes tenfold mid-run."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,10 +16,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease import Leases
 from tasks.examples.cm_data import cm_data, mark_processed
 from tasks.examples.seed import seed_cm_data
-from tasks.ranges.jobs import Context, RangeJob
-from tasks.ranges.reconciler import activate, reconcile_job
-from tasks.ranges.runner import Outcome, PartitionRunner
+from tasks.ranges.jobs import Context
+from tasks.ranges.runner import Outcome
 from tasks.ranges.sizing import GROWTH, Sizer
+from tests.ranges.inprocess import run_all
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -126,11 +125,3 @@ def near(times: list[float], outliers: int = 0) -> bool:
     """At most `outliers` of `times` are more than 50% off the target."""
     return bool(times) and sum(abs(t - TARGET) > TARGET / 2 for t in times) <= outliers
 
-
-def run_all(job: RangeJob, sessions: sessionmaker[Session], leases: Leases,
-            client: redis.Redis) -> list[str]:
-    activate(sessions, job)
-    parts: list[int] = []
-    reconcile_job(sessions, client, job, lambda _j, p: parts.append(p), interval=1, grace=0)
-    return [PartitionRunner(job, part, sessions=sessions, leases=leases, lease_ttl=10.0,
-                            owner="test", shutdown=threading.Event()).run() for part in parts]

@@ -23,6 +23,7 @@ from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import Outcome, PartitionRunner
 from tasks.ranges.skips import SKIP_KIND
+from tests.ranges.inprocess import run_all
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -53,14 +54,6 @@ def skipping(bad: set[int], limit: int, **changes: Any) -> RangeJob:
     return dataclasses.replace(cm_data, process=picky(bad), skip_on=(BadRow,),
                                skip_limit=limit, **{**options, **changes})
 
-
-def run_all(job: RangeJob, sessions: sessionmaker[Session], leases: Leases,
-            client: redis.Redis) -> list[str]:
-    activate(sessions, job)
-    parts: list[int] = []
-    reconcile_job(sessions, client, job, lambda _j, p: parts.append(p), interval=1, grace=0)
-    return [PartitionRunner(job, part, sessions=sessions, leases=leases, lease_ttl=10.0,
-                            owner="test", shutdown=threading.Event()).run() for part in parts]
 
 
 def processed(engine: Engine) -> dict[int, int]:
