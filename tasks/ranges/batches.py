@@ -216,16 +216,47 @@ class Batches:
 
     def _keyset_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | None:
         size = self.sizer.size
+        fetch = min(size, self.job.fetch_size or size)
+        self._pending_skips = frozenset()
         with self.row.sessions.begin() as session:
             conn = session.connection(execution_options=WRITE_INTENT)
-            rows = self._fetch(conn, self.cursor.next_id, size)
+            rows = self._fetch(conn, self.cursor.next_id, fetch)
             if not rows:
                 return None
             checkpoint, done = self._process(session, conn, fence, rows, pool,
                                              check=not self.cursor.checked)
-        if len(rows) < size:  # the read saw every matching row up to `hi`
+            short = len(rows) < fetch
+            if not short and fetch < size:
+                checkpoint, done, short = self._read_on(session, conn, fence, pool,
+                                                        (checkpoint, done, len(rows)), size)
+        if short:  # the read saw every matching row up to `hi`
             self.cursor.closing = True
         return self._advance(checkpoint, done)
+
+    def _read_on(self, session: Session, conn: Connection, fence: int,
+                 pool: ThreadPoolExecutor | None, so_far: tuple[int, int, int],
+                 size: int) -> tuple[int, int, bool]:
+        """The rest of a batch bigger than the job's `fetch_size`: more reads of `fetch_size`
+        rows, each processed as it is read (a few thousand rows at a time stay in the CPU's
+        caches; tens of thousands at once do not), in the same transaction, up to `size` rows;
+        then the checkpoint moves past them. Returns the checkpoint, the rows processed and
+        whether a read came back short (the keyset pass reached `hi`)."""
+        checkpoint, done, read = so_far
+        fetch, short = self.job.fetch_size or size, False
+        while read < size and not short:
+            want = min(fetch, size - read)
+            rows = self._fetch(conn, checkpoint, want)
+            short = len(rows) < want
+            if rows:
+                read += len(rows)
+                done += self._apply(session, conn, fence, rows, pool,
+                                    check=not self.cursor.checked)
+                checkpoint = max(checkpoint, _id_at(rows, -1, self.job.id_column) + 1)
+        moved = affected(conn.execute(self.row.guard(fence).values(
+            next_id=checkpoint, rows_done=WORK.c.rows_done + (read - so_far[2]))))
+        if moved != 1:
+            raise FencedOut()
+        return checkpoint, done, short
 
     def _fetch(self, conn: Connection, from_id: int, size: int) -> BatchRows:
         """The next `size` rows to do from `from_id`, off the driver's cursor when plain."""
@@ -241,6 +272,7 @@ class Batches:
         return BatchRows(raw, self._make_row, self._id_index)
 
     def _closing_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
+        self._pending_skips = frozenset()
         with self.row.sessions.begin() as session:
             conn = session.connection(execution_options=WRITE_INTENT)
             # The highest id read *before* the closing read: a row committed after that read
@@ -261,8 +293,7 @@ class Batches:
                  check: bool) -> tuple[int, int]:
         """Guard the work row, then run the job on `rows`, in the batch's transaction; return
         the new checkpoint and how many rows were processed (not skipped)."""
-        id_column = self.job.id_column
-        last = _id_at(rows, -1, id_column)
+        last = _id_at(rows, -1, self.job.id_column)
         checkpoint = max(self.cursor.next_id, last + 1)  # closing rows may lie below the cursor
         rate = (self.rows_done + len(rows)) / max(self.clock() - self.started, 1e-6)
         guarded = affected(conn.execute(self._guard, {
@@ -270,6 +301,14 @@ class Batches:
             "now": utcnow(), "rows_per_s": rate}))
         if guarded != 1:
             raise FencedOut()
+        return checkpoint, self._apply(session, conn, fence, rows, pool, check=check)
+
+    def _apply(self, session: Session, conn: Connection, fence: int,
+               rows: Sequence[Row[Any]], pool: ThreadPoolExecutor | None, *,
+               check: bool) -> int:
+        """Run the job on `rows` (its skip policy too) and check its filter contract; return
+        how many rows were processed. The work row's `rows_done` already counts every row."""
+        id_column = self.job.id_column
         exact = conn.dialect.name == "sqlite"  # the write lock is held from the read on
 
         def run(chunk: Sequence[Row[Any]]) -> None:
@@ -278,7 +317,8 @@ class Batches:
             self.job.process(chunk, Context(session, fence, self.job, self.partition, pool,
                                             span))
 
-        skipped = self.skips.process(session, rows, fence, run) if self.skips else []
+        skipped = (self.skips.process(session, rows, fence, run,
+                                      pending=len(self._pending_skips)) if self.skips else [])
         if self.skips is None:
             run(rows)
         elif skipped:
@@ -287,8 +327,8 @@ class Batches:
         if check and rows:
             self._check_cleared(conn, rows)
             self.cursor.checked = True
-        self._pending_skips = frozenset(skipped)
-        return checkpoint, len(rows)
+        self._pending_skips |= frozenset(skipped)
+        return len(rows)
 
     def _advance(self, checkpoint: int, rows: int) -> int:
         """After a batch committed: the cursor moves on (past the rows it quarantined)."""

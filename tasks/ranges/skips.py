@@ -102,14 +102,15 @@ class Skips:
         self.quarantined = quarantined
 
     def process(self, session: Session, rows: Sequence[Row[Any]], fence: int,
-                run: RunChunk) -> list[int]:
+                run: RunChunk, *, pending: int = 0) -> list[int]:
         """Run the batch, bisecting around rows that raise a `skip_on` exception; quarantine
         them in `session`'s transaction and return their ids. `SkipLimitExceeded` (nothing of
-        the batch is kept: the caller's transaction rolls back) past the job's limit."""
+        the batch is kept: the caller's transaction rolls back) past the job's limit, counting
+        the `pending` rows earlier reads of the same batch quarantined."""
         bad = self._bisect(session, rows, run)
         if not bad:
             return []
-        total = len(self.quarantined) + len(bad)
+        total = len(self.quarantined) + pending + len(bad)
         if total > self.job.skip_limit:
             first_id, first_exc = bad[0]
             raise SkipLimitExceeded(
