@@ -101,9 +101,13 @@ def browser(stack: Stack) -> Iterator[Any]:
 
 
 def _wait(driver: Any, condition: Any, what: str, timeout: float = 30) -> Any:
+    """Wait for `condition`; an element the page re-rendered while it was read (stale) or has
+    not drawn yet is read again at the next poll."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(condition, what)
+    return WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException)).until(condition, what)
 
 
 def _css(driver: Any, selector: str) -> Any:
