@@ -18,6 +18,10 @@ else spells a prefix. Lease names below become keys through `lease.keys.lease_ke
                                   (its fields) by resume, start and `throttle JOB 0`
     range-throttle:{JOB}          the job's throttle (GCRA theoretical arrival time, ms); PX
                                   set to just past that time by gate.lua
+    range-orphans:{JOB}           set of the job's partitions whose holder died, dispatched
+                                  again by the reconciler, for a running holder to adopt
+                                  (gate.lua pops one); TTL the reconciler's grace; a claim
+                                  removes its partition
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ __all__ = [
     "DELIVERIES_PREFIX", "HANDOVER_PREFIX", "RANGE_PREFIX", "BEAT_LEADER",
     "deliveries_key", "handover_key", "journal_lease_name", "range_lease_name",
     "range_schedule_name", "job_of_schedule", "RANGE_CONTROL_PREFIX", "RANGE_THROTTLE_PREFIX",
-    "range_control_key", "range_throttle_key",
+    "range_control_key", "range_throttle_key", "RANGE_ORPHANS_PREFIX", "range_orphans_key",
 ]
 
 DELIVERIES_PREFIX = "deliveries:"
@@ -36,6 +40,7 @@ RANGE_PREFIX = "range:"
 BEAT_LEADER = "beat:leader"
 RANGE_CONTROL_PREFIX = "range-control:"
 RANGE_THROTTLE_PREFIX = "range-throttle:"
+RANGE_ORPHANS_PREFIX = "range-orphans:"
 
 
 def deliveries_key(task_id: str) -> str:
@@ -70,3 +75,8 @@ def range_control_key(job: str) -> str:
 
 def range_throttle_key(job: str) -> str:
     return f"{RANGE_THROTTLE_PREFIX}{{{job}}}"
+
+
+def range_orphans_key(job: str) -> str:
+    """The job's partitions whose holder died, for a running holder to adopt (same tag)."""
+    return f"{RANGE_ORPHANS_PREFIX}{{{job}}}"

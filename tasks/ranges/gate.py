@@ -15,6 +15,12 @@ closing reads that find nothing and short last batches cost nothing.
 A job's `throttle_on` (e.g. replication lag above a bound) is asked before each batch too: while
 it returns something truthy the run waits, 0.5 s, then twice as long each time up to
 `BACKOFF_CAP`.
+
+Adoption: a gate that `may_adopt` also pops, in the same call, one of the job's orphans (a
+partition whose holder died, which the reconciler dispatched again: `range-orphans:{JOB}`).
+`before_batch` then answers `ADOPT` with the partition in `adopted`; the runner hands its own
+partition back at this boundary and its task runs the orphan next, so a taken-over partition
+does not wait behind the fresh partitions queued when every worker is busy.
 """
 
 from __future__ import annotations
@@ -26,10 +32,10 @@ from typing import Any
 
 from lease import Lease
 from lease.scripts import load_lua, run_script
-from tasks.keys import range_control_key, range_throttle_key
+from tasks.keys import range_control_key, range_orphans_key, range_throttle_key
 from tasks.ranges.jobs import RangeJob
 
-__all__ = ["Gate", "GATE", "BACKOFF_FIRST", "BACKOFF_CAP", "NOTE_AFTER"]
+__all__ = ["Gate", "GATE", "BACKOFF_FIRST", "BACKOFF_CAP", "NOTE_AFTER", "ADOPT"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -37,6 +43,7 @@ GATE = load_lua(__package__, "gate")
 BACKOFF_FIRST = 0.5  # seconds: the first wait while `throttle_on` says so
 BACKOFF_CAP = 30.0  # seconds: the longest
 NOTE_AFTER = 0.5  # a wait at least this long is written to the work row (status shows it)
+ADOPT = "adopt"  # what `before_batch` answers when it adopted an orphan (in `Gate.adopted`)
 
 # Told the length of a wait that is about to begin (seconds).
 Note = Callable[[float], None]
@@ -47,9 +54,12 @@ class Gate:
 
     def __init__(self, client: Any, job: RangeJob, lease_ttl: float, *,
                  note: Note | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, may_adopt: bool = False) -> None:
         self.client, self.job = client, job
-        self.keys = [range_control_key(job.name), range_throttle_key(job.name)]
+        self.keys = [range_control_key(job.name), range_throttle_key(job.name),
+                     range_orphans_key(job.name)]
+        self.may_adopt = may_adopt
+        self.adopted: int | None = None
         self.slice = lease_ttl / 4
         self.note = note or (lambda _seconds: None)
         self.sleep, self.clock = sleep, clock
@@ -57,14 +67,19 @@ class Gate:
         self._reserved = 0
 
     def before_batch(self, lease: Lease, last_rows: int) -> str | None:
-        """Wait as the job's throttles say; None to go on, or the control that stops the run
-        (`paused`, `cancelled`). `last_rows` is what the previous batch processed."""
+        """Wait as the job's throttles say; None to go on, or what stops the run: the control
+        (`paused`, `cancelled`) or `ADOPT` (an orphan to run instead, in `adopted`).
+        `last_rows` is what the previous batch processed."""
         expected = last_rows if last_rows > 0 else int(getattr(self.job, "batch_size", 1))
-        state, wait_ms, reserved = run_script(
-            self.client, self._script, self.keys, [expected, last_rows - self._reserved])
+        state, wait_ms, reserved, orphan = run_script(
+            self.client, self._script, self.keys,
+            [expected, last_rows - self._reserved, "1" if self.may_adopt else "0"])
         self._reserved = int(reserved)
         if state:
             return _text(state)
+        if orphan:
+            self.adopted = int(orphan)
+            return ADOPT
         if wait_ms > 0:
             stop = self._wait(lease, wait_ms / 1000, throttled=True)
             if stop:

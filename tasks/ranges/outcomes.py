@@ -26,6 +26,9 @@ class Outcome:
     UNAVAILABLE = "db-unavailable"  # the database stayed away; left running for a takeover
     REDIS_UNAVAILABLE = "redis-unavailable"  # Redis was away; back to pending if possible
     PAUSED = S.PAUSED  # the job was paused or cancelled: stopped at a batch boundary
+    # Stopped at a batch boundary to adopt a partition whose holder died (back to pending and
+    # dispatched again; the caller runs the orphan next, ahead of the queued fresh work).
+    YIELDED = "yielded"
 
 
 @dataclass

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.db import affected, utcnow
-from tasks.keys import RANGE_PREFIX, job_of_schedule
+from tasks.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.keys import range_schedule_name as schedule_name
 from tasks.models import SCHEDULES, WORK, RunState
 from tasks.models import PartitionStatus as S
@@ -252,9 +252,10 @@ def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job
     """Dispatch open partitions nobody holds; None if the round was overtaken."""
     cutoff = utcnow() - timedelta(seconds=grace)
     with sessions() as session:
-        open_parts = session.execute(select(WORK.c.part, WORK.c.dispatched_at).where(
-            WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.status.in_(S.OPEN)
-        ).order_by(WORK.c.part)).all()
+        open_parts = session.execute(select(WORK.c.part, WORK.c.dispatched_at, WORK.c.status)
+                                     .where(WORK.c.kind == "range", WORK.c.job == job.name,
+                                            WORK.c.status.in_(S.OPEN))
+                                     .order_by(WORK.c.part)).all()
     candidates = [r.part for r in open_parts if r.dispatched_at is None or r.dispatched_at < cutoff]
     if not candidates:
         return []
@@ -273,4 +274,13 @@ def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job
                         .values(dispatched_at=utcnow()))
     for part in unleased:
         dispatch(job.name, part)
+    # Running but unleased: the holder died. Offer them to running holders of the job too
+    # (tasks.ranges.gate), so they need not wait behind the queued fresh partitions.
+    running = {r.part for r in open_parts if r.status == S.RUNNING}
+    orphans = [part for part in unleased if part in running]
+    if orphans:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.sadd(range_orphans_key(job.name), *orphans)
+            pipe.expire(range_orphans_key(job.name), max(int(2 * grace), 1))
+            pipe.execute()
     return unleased

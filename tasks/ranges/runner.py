@@ -31,11 +31,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
 from tasks.db import is_redis_away, is_transient
+from tasks.keys import range_orphans_key
 from tasks.logs import bind
 from tasks.metrics import record
 from tasks.models import PartitionStatus as S
 from tasks.ranges.batches import Batches
-from tasks.ranges.gate import Gate
+from tasks.ranges.gate import ADOPT, Gate
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared, Outcome, Progress, UnknownPartition
 from tasks.ranges.planning import Partition
@@ -61,6 +62,10 @@ class PartitionRunner:
 
     `crash_cap` is the redelivery cap: a partition whose holders died `crash_cap` times in a
     row without committing a batch is failed and dead-lettered when it is claimed again.
+
+    With `may_adopt`, the run stops at a batch boundary (`Outcome.YIELDED`, its partition back
+    to pending) when it adopted an orphan of its job (`tasks.ranges.gate`); the partition to
+    run next is then `adopted`.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class PartitionRunner:
         clock: Callable[[], float] = time.monotonic,
         crash_cap: int = 5,
         seam: Seam | None = None,
+        may_adopt: bool = False,
     ) -> None:
         self.job, self.part = job, part
         self.row = WorkRow(job, part, sessions, owner)
@@ -89,6 +95,8 @@ class PartitionRunner:
         self.crash_cap = crash_cap
         self.seam = seam or (lambda _step: None)
         self.batches: Batches | None = None
+        self.may_adopt = may_adopt
+        self.adopted: int | None = None
 
     @property
     def rows_done(self) -> int:
@@ -123,6 +131,7 @@ class PartitionRunner:
         claimed = self.row.claim(lease.fence)
         if claimed is None:
             return Outcome.STALE
+        self._no_longer_orphaned()
         if claimed.crashes >= self.crash_cap:
             self.row.dead_letter(lease.fence, claimed, self.crash_cap)
             return Outcome.FAILED
@@ -156,7 +165,7 @@ class PartitionRunner:
 
     def _loop(self, lease: Lease, batches: Batches, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""
-        gate = Gate(self.leases.client, self.job, self.lease_ttl,
+        gate = Gate(self.leases.client, self.job, self.lease_ttl, may_adopt=self.may_adopt,
                     note=lambda seconds: self.row.note_throttled(lease.fence, seconds))
         rows_before = batches.rows_done
         while True:
@@ -170,6 +179,8 @@ class PartitionRunner:
             if waited > 0.01 and record.on is not None:  # more than the gate's round trip
                 record.on.range_throttle_wait.labels(self.job.name).inc(waited)
             rows_before = batches.rows_done
+            if stop == ADOPT:
+                return self._yield_to(gate.adopted, lease)
             if stop is not None:
                 log.info("range %s part %s: %s; stopping after the last batch", self.job.name,
                          self.part, stop)
@@ -185,6 +196,22 @@ class PartitionRunner:
                 continue
             lease.heartbeat()
             self._report(batches, step)
+
+    def _yield_to(self, orphan: int | None, lease: Lease) -> str:
+        """Hand this partition back to run `orphan`, whose holder died, in its place."""
+        log.info("range %s part %s: adopting part %s, whose holder died; this one goes back "
+                 "to the queue", self.job.name, self.part, orphan)
+        self.row.release_to_pending(lease.fence)
+        self.adopted = orphan
+        return Outcome.YIELDED
+
+    def _no_longer_orphaned(self) -> None:
+        """A claimed partition is nobody's orphan any more (best effort: the gate's adopter
+        finds it held or finished otherwise)."""
+        try:
+            self.leases.client.srem(range_orphans_key(self.job.name), self.part)
+        except (RedisError, OSError):
+            pass
 
     def _stopped_by(self, exc: Exception, fence: int) -> str:
         if is_redis_away(exc):

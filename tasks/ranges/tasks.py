@@ -147,14 +147,26 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
                 log.warning("range %s part %s: progress not reported (%s)", p.job, p.part,
                             type(exc).__name__)
 
-    runner = PartitionRunner(
-        found, part, sessions=res.sessions, leases=res.leases, lease_ttl=settings.lease_ttl,
-        owner=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}",
-        shutdown=shutdown_requested,
-        time_slice=settings.range_slice, on_progress=progress,
-        crash_cap=settings.redelivery_cap,
-    )
-    outcome = runner.run()
-    if outcome == Outcome.HANDED_OVER:
-        _dispatch(found.name, part)
-    return {"job": found.name, "part": part, "outcome": outcome, "rows": runner.rows_done}
+    def run(number: int, may_adopt: bool) -> tuple[PartitionRunner, str]:
+        runner = PartitionRunner(
+            found, number, sessions=res.sessions, leases=res.leases,
+            lease_ttl=settings.lease_ttl,
+            owner=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}",
+            shutdown=shutdown_requested,
+            time_slice=settings.range_slice, on_progress=progress,
+            crash_cap=settings.redelivery_cap, may_adopt=may_adopt,
+        )
+        outcome = runner.run()
+        if outcome in (Outcome.HANDED_OVER, Outcome.YIELDED):
+            _dispatch(found.name, number)
+        return runner, outcome
+
+    # One adoption per task, and only while two time slices fit in its soft time limit.
+    first, outcome = run(part, may_adopt=2 * settings.range_slice < settings.soft_time_limit)
+    result: dict[str, Any] = {"job": found.name, "part": part, "outcome": outcome,
+                              "rows": first.rows_done}
+    if outcome == Outcome.YIELDED and first.adopted is not None:
+        adopted, its_outcome = run(first.adopted, may_adopt=False)
+        result["adopted"] = {"part": first.adopted, "outcome": its_outcome,
+                             "rows": adopted.rows_done}
+    return result
