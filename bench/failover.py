@@ -223,7 +223,10 @@ def run_phase(engine: Engine, env: dict[str, str], logs: Path, name: str, *,
         _wait(lambda: _committed_by_newer(engine, row.lo, row.hi, row.fence), limit,
               f"a takeover of partition {row.part}")
         seconds = time.monotonic() - started
-        print(f"  {name}: taken over after {seconds:.2f} s; finishing the run", flush=True)
+        how = ("adopted by a running holder" if _adopted(logs, phase, row.part)
+               else "from its queued message")
+        print(f"  {name}: taken over after {seconds:.2f} s ({how}); finishing the run",
+              flush=True)
         _wait(lambda: _finished(engine), limit, "the run to finish")
     finally:
         client.close()
@@ -231,6 +234,16 @@ def run_phase(engine: Engine, env: dict[str, str], logs: Path, name: str, *,
     lost, duplicated = _count(engine)
     print(f"  {name}: done; rows lost {lost}, duplicated {duplicated}", flush=True)
     return Outcome(seconds, lost, duplicated)
+
+
+def _adopted(logs: Path, phase: Phase, part: int) -> bool:
+    """Whether a running holder of this phase adopted `part` (its worker's log says so)."""
+    said = f"adopting part {part},"
+    for worker in phase.workers:
+        log_file = logs / f"{worker}.log"
+        if log_file.exists() and said in log_file.read_text(errors="replace"):
+            return True
+    return False
 
 
 def _client(env: dict[str, str]) -> Any:

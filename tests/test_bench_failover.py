@@ -39,6 +39,10 @@ def test_bench_failover_takes_over_every_way_and_loses_nothing(
         assert result[key] > 0, result
     # Progress is printed as it goes, one line per step of each phase.
     assert sum("taken over after" in line for line in lines) == 3
+    # With every range worker busy and fresh partitions queued, a running holder adopts the
+    # dead one's partition instead of leaving it behind the queue.
+    assert any("saturated: taken over" in line and "adopted by a running holder" in line
+               for line in lines), "\n".join(lines)
     # A crash waits for the lease to lapse; a warm shutdown hands over without waiting.
     assert result["crash_failover_s"] >= 1.0
     assert result["graceful_handover_s"] < result["crash_failover_s"]
