@@ -125,9 +125,28 @@ class Cluster:
             source.execute_command("MIGRATE", "127.0.0.1", self.nodes[to].port, "", 0, 5000,
                                    "KEYS", *keys)
             moved += len(keys)
-        for i in range(self.masters):
+        # The target first, then the source, then the rest: the order the CLUSTER SETSLOT
+        # docs give (the target propagates the new owner; a source told first leaves the
+        # slot with no owner until it does). Sent in index order, a slot was once nobody's
+        # when the test looked (a LookupError in one CI run), so the move also waits until
+        # the target serves it.
+        for i in (to, src, *(i for i in range(self.masters) if i not in (to, src))):
             self.node_client(i).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        self._wait_owner(slot, to)
         return moved
+
+    def _wait_owner(self, slot: int, index: int, timeout: float = 10.0) -> None:
+        """Until master `index` serves `slot` in its own view."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.owner_of(slot) == index:
+                    return
+            except LookupError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"slot {slot} not served by master {index}")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         for node in self.nodes:
