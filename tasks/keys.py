@@ -20,8 +20,8 @@ else spells a prefix. Lease names below become keys through `lease.keys.lease_ke
                                   set to just past that time by gate.lua
     range-orphans:{JOB}           set of the job's partitions whose holder died, dispatched
                                   again by the reconciler, for a running holder to adopt
-                                  (gate.lua pops one); TTL the reconciler's grace; a claim
-                                  removes its partition
+                                  (gate.lua pops one); TTL twice the reconciler's grace; a
+                                  holder's first gate call removes its own partition
 """
 
 from __future__ import annotations

@@ -228,21 +228,22 @@ class Batches:
             short = len(rows) < fetch
             if not short and fetch < size:
                 checkpoint, done, short = self._read_on(session, conn, fence, pool,
-                                                        (checkpoint, done, len(rows)), size)
+                                                        (checkpoint, done, len(rows)),
+                                                        fetch, size)
         if short:  # the read saw every matching row up to `hi`
             self.cursor.closing = True
         return self._advance(checkpoint, done)
 
     def _read_on(self, session: Session, conn: Connection, fence: int,
                  pool: ThreadPoolExecutor | None, so_far: tuple[int, int, int],
-                 size: int) -> tuple[int, int, bool]:
+                 fetch: int, size: int) -> tuple[int, int, bool]:
         """The rest of a batch bigger than the job's `fetch_size`: more reads of `fetch_size`
         rows, each processed as it is read (a few thousand rows at a time stay in the CPU's
         caches; tens of thousands at once do not), in the same transaction, up to `size` rows;
         then the checkpoint moves past them. Returns the checkpoint, the rows processed and
         whether a read came back short (the keyset pass reached `hi`)."""
         checkpoint, done, read = so_far
-        fetch, short = self.job.fetch_size or size, False
+        short = False
         while read < size and not short:
             want = min(fetch, size - read)
             rows = self._fetch(conn, checkpoint, want)

@@ -20,7 +20,8 @@ Adoption: a gate that `may_adopt` also pops, in the same call, one of the job's 
 partition whose holder died, which the reconciler dispatched again: `range-orphans:{JOB}`).
 `before_batch` then answers `ADOPT` with the partition in `adopted`; the runner hands its own
 partition back at this boundary and its task runs the orphan next, so a taken-over partition
-does not wait behind the fresh partitions queued when every worker is busy.
+does not wait behind the fresh partitions queued when every worker is busy. A gate told its
+`part` takes it off the orphans in its first call: whoever claimed it, it is nobody's orphan.
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ class Gate:
 
     def __init__(self, client: Any, job: RangeJob, lease_ttl: float, *,
                  note: Note | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, may_adopt: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, may_adopt: bool = False,
+                 part: int | None = None) -> None:
         self.client, self.job = client, job
         self.keys = [range_control_key(job.name), range_throttle_key(job.name),
                      range_orphans_key(job.name)]
         self.may_adopt = may_adopt
         self.adopted: int | None = None
+        # The caller's partition, taken off the orphans by the first call (it is claimed).
+        self._claimed = "" if part is None else str(part)
         self.slice = lease_ttl / 4
         self.note = note or (lambda _seconds: None)
         self.sleep, self.clock = sleep, clock
@@ -73,8 +77,9 @@ class Gate:
         expected = last_rows if last_rows > 0 else int(getattr(self.job, "batch_size", 1))
         state, wait_ms, reserved, orphan = run_script(
             self.client, self._script, self.keys,
-            [expected, last_rows - self._reserved, "1" if self.may_adopt else "0"])
-        self._reserved = int(reserved)
+            [expected, last_rows - self._reserved, "1" if self.may_adopt else "0",
+             self._claimed])
+        self._reserved, self._claimed = int(reserved), ""
         if state:
             return _text(state)
         if orphan:

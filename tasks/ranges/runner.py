@@ -31,7 +31,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
 from tasks.db import is_redis_away, is_transient
-from tasks.keys import range_orphans_key
 from tasks.logs import bind
 from tasks.metrics import record
 from tasks.models import PartitionStatus as S
@@ -131,7 +130,6 @@ class PartitionRunner:
         claimed = self.row.claim(lease.fence)
         if claimed is None:
             return Outcome.STALE
-        self._no_longer_orphaned()
         if claimed.crashes >= self.crash_cap:
             self.row.dead_letter(lease.fence, claimed, self.crash_cap)
             return Outcome.FAILED
@@ -166,6 +164,7 @@ class PartitionRunner:
     def _loop(self, lease: Lease, batches: Batches, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""
         gate = Gate(self.leases.client, self.job, self.lease_ttl, may_adopt=self.may_adopt,
+                    part=self.part,
                     note=lambda seconds: self.row.note_throttled(lease.fence, seconds))
         rows_before = batches.rows_done
         while True:
@@ -204,14 +203,6 @@ class PartitionRunner:
         self.row.release_to_pending(lease.fence)
         self.adopted = orphan
         return Outcome.YIELDED
-
-    def _no_longer_orphaned(self) -> None:
-        """A claimed partition is nobody's orphan any more (best effort: the gate's adopter
-        finds it held or finished otherwise)."""
-        try:
-            self.leases.client.srem(range_orphans_key(self.job.name), self.part)
-        except (RedisError, OSError):
-            pass
 
     def _stopped_by(self, exc: Exception, fence: int) -> str:
         if is_redis_away(exc):

@@ -43,6 +43,15 @@ def reconcile(job: RangeJob, sessions: sessionmaker[Session], client: redis.Redi
     return sent
 
 
+def planned(engine: Engine, sessions: sessionmaker[Session], client: redis.Redis,
+            rows: int) -> RangeJob:
+    """`rows` rows in partitions of 100, planned; the job."""
+    seed_cm_data(engine, rows)
+    job = small(partition_size=100, batch_size=10)
+    plan(sessions, client, job)
+    return job
+
+
 def test_a_running_holder_adopts_an_orphan_and_hands_its_own_partition_back(
         engine: Engine, sessions: sessionmaker[Session], leases: Leases,
         redis_client: redis.Redis) -> None:
@@ -77,9 +86,7 @@ def test_a_running_holder_adopts_an_orphan_and_hands_its_own_partition_back(
 def test_only_a_holder_that_may_adopt_takes_an_orphan(
         engine: Engine, sessions: sessionmaker[Session], leases: Leases,
         redis_client: redis.Redis) -> None:
-    seed_cm_data(engine, 200)
-    job = small(partition_size=100, batch_size=10)
-    plan(sessions, redis_client, job)
+    job = planned(engine, sessions, redis_client, 200)
     orphan(job, 1, sessions, leases, redis_client)
     assert 1 in reconcile(job, sessions, redis_client)
     assert redis_client.smembers(ORPHANS) == {b"1"}  # partition 0, pending too, is not one
@@ -94,9 +101,7 @@ def test_only_a_holder_that_may_adopt_takes_an_orphan(
 def test_a_pending_partition_is_not_offered_and_a_paused_job_adopts_nothing(
         engine: Engine, sessions: sessionmaker[Session], leases: Leases,
         redis_client: redis.Redis) -> None:
-    seed_cm_data(engine, 200)
-    job = small(partition_size=100, batch_size=10)
-    plan(sessions, redis_client, job)
+    job = planned(engine, sessions, redis_client, 200)
     # A partition nobody ever claimed is fresh work, not an orphan.
     assert reconcile(job, sessions, redis_client) == [0, 1]
     assert redis_client.scard(ORPHANS) == 0

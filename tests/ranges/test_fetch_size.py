@@ -31,6 +31,13 @@ def fetching(**changes: Any) -> RangeJob:
     return dataclasses.replace(cm_data, **{**options, **changes})
 
 
+def run_first(job: RangeJob, sessions: sessionmaker[Session], leases: Leases,
+              client: redis.Redis) -> str:
+    """Plan `job` and run its partition 0 here; the outcome."""
+    plan(sessions, client, job)
+    return runner(job, 0, sessions, leases).run()
+
+
 class Calls:
     """What a process function saw: each call's row ids and its batch's session."""
 
@@ -59,8 +66,7 @@ def test_a_batch_is_read_and_processed_fetch_size_rows_at_a_time_in_one_transact
     seed_cm_data(engine, 1000)
     calls = Calls()
     job = fetching(process=calls)
-    plan(sessions, redis_client, job)
-    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert run_first(job, sessions, leases, redis_client) == Outcome.DONE
     assert counts(engine) == {1: 1000}
     # Four batches of 250 rows, each four reads of 60 and one of 10, in id order.
     assert calls.per_batch() == [[60, 60, 60, 60, 10]] * 4
@@ -75,8 +81,7 @@ def test_a_short_read_inside_a_batch_ends_the_keyset_pass(
     seed_cm_data(engine, 130)
     calls = Calls()
     job = fetching(process=calls)
-    plan(sessions, redis_client, job)
-    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert run_first(job, sessions, leases, redis_client) == Outcome.DONE
     assert calls.per_batch() == [[60, 60, 10]]  # no empty read after the short one
     assert counts(engine) == {1: 130}
     assert work(engine, 0).rows_done == 130
@@ -95,8 +100,7 @@ def test_a_fence_lost_after_the_first_read_of_a_batch_keeps_nothing_of_it(
                                 .values(fence=ctx.fence + 1))
 
     job = fetching(process=overtaken)
-    plan(sessions, redis_client, job)
-    assert runner(job, 0, sessions, leases).run() == Outcome.FENCED_OUT
+    assert run_first(job, sessions, leases, redis_client) == Outcome.FENCED_OUT
     # Batch 1 committed; batch 2 (ids 251..500) wrote nothing, its first read included.
     done = processed(engine)
     assert {i for i, n in done.items() if n == 1} == set(range(1, 251))
@@ -116,8 +120,7 @@ def test_an_error_in_a_later_read_of_a_batch_rolls_back_its_earlier_reads(
             raise RuntimeError("the job broke on its eighth call")
 
     job = fetching(process=breaks)
-    plan(sessions, redis_client, job)
-    assert runner(job, 0, sessions, leases).run() == Outcome.FAILED
+    assert run_first(job, sessions, leases, redis_client) == Outcome.FAILED
     done = processed(engine)
     assert {i for i, n in done.items() if n == 1} == set(range(1, 251))
     row = work(engine, 0)
@@ -131,8 +134,7 @@ def test_skips_across_the_reads_of_one_batch_count_against_one_limit(
     seed_cm_data(engine, 1000)
     # 10, 70 and 130 lie in three reads of batch 1; 700 in batch 3.
     job = fetching(process=picky({10, 70, 130, 700}), skip_on=(BadRow,), skip_limit=4)
-    plan(sessions, redis_client, job)
-    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert run_first(job, sessions, leases, redis_client) == Outcome.DONE
     done = processed(engine)
     assert {i for i, n in done.items() if n != 1} == {10, 70, 130, 700}
     assert [f["row_id"] for f in letters(engine)] == [10, 70, 130, 700]
@@ -145,8 +147,7 @@ def test_a_batch_past_the_skip_limit_over_several_reads_fails_whole(
     seed_cm_data(engine, 1000)
     # Three bad rows in three reads of batch 1, limit 2: the third read is past the limit.
     job = fetching(process=picky({10, 70, 130}), skip_on=(BadRow,), skip_limit=2)
-    plan(sessions, redis_client, job)
-    assert runner(job, 0, sessions, leases).run() == Outcome.FAILED
+    assert run_first(job, sessions, leases, redis_client) == Outcome.FAILED
     row = work(engine, 0)
     assert "SkipLimitExceeded" in row.error and "skip_limit=2" in row.error
     assert set(processed(engine).values()) == {0}  # batch 1 rolled back whole

@@ -9,6 +9,8 @@
 --         now that its batch's real size is known
 -- KEYS[3] orphans of the job (range-orphans:{JOB}): partitions whose holder died
 -- ARGV[3] '1' if the caller may adopt one (it then stops its own partition at this boundary)
+-- ARGV[4] the caller's own partition on its first call ('' after): it is claimed, so it is
+--         nobody's orphan any more
 -- Returns {state, wait_ms, reserved, orphan}: a non-empty state means stop (nothing is
 -- reserved); a non-empty orphan is a partition the caller adopted (popped: no other caller
 -- gets it; nothing is reserved: the caller runs no batch of its own); otherwise the caller
@@ -19,6 +21,9 @@ local control = redis.call('HMGET', KEYS[1], 'state', 'rate')
 local state = control[1]
 if state and state ~= '' then
     return {state, 0, 0, ''}
+end
+if ARGV[4] ~= '' then
+    redis.call('SREM', KEYS[3], ARGV[4])
 end
 local rate = tonumber(control[2] or '0') or 0
 local orphan = false
