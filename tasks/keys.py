@@ -22,6 +22,9 @@ else spells a prefix. Lease names below become keys through `lease.keys.lease_ke
                                   again by the reconciler, for a running holder to adopt
                                   (gate.lua pops one); TTL twice the reconciler's grace; a
                                   holder's first gate call removes its own partition
+    range-outage:{JOB}:PART       the fence of a holder that stopped for a database outage
+                                  and could not hand its partition back (the row stays
+                                  `running`): its next claim is no crash; TTL OUTAGE_TTL
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "deliveries_key", "handover_key", "journal_lease_name", "range_lease_name",
     "range_schedule_name", "job_of_schedule", "RANGE_CONTROL_PREFIX", "RANGE_THROTTLE_PREFIX",
     "range_control_key", "range_throttle_key", "RANGE_ORPHANS_PREFIX", "range_orphans_key",
+    "RANGE_OUTAGE_PREFIX", "OUTAGE_TTL", "range_outage_key",
 ]
 
 DELIVERIES_PREFIX = "deliveries:"
@@ -41,6 +45,8 @@ BEAT_LEADER = "beat:leader"
 RANGE_CONTROL_PREFIX = "range-control:"
 RANGE_THROTTLE_PREFIX = "range-throttle:"
 RANGE_ORPHANS_PREFIX = "range-orphans:"
+RANGE_OUTAGE_PREFIX = "range-outage:"
+OUTAGE_TTL = 86400  # seconds: an outage longer than a day counts as a crash after all
 
 
 def deliveries_key(task_id: str) -> str:
@@ -80,3 +86,8 @@ def range_throttle_key(job: str) -> str:
 def range_orphans_key(job: str) -> str:
     """The job's partitions whose holder died, for a running holder to adopt (same tag)."""
     return f"{RANGE_ORPHANS_PREFIX}{{{job}}}"
+
+
+def range_outage_key(job: str, part: int) -> str:
+    """The mark of a holder of `job`'s `part` that stopped for a database outage."""
+    return f"{RANGE_OUTAGE_PREFIX}{{{job}}}:{part}"

@@ -65,7 +65,8 @@ class WorkItem(Base):
     keyset cursor of the current pass; a partition is done only after a closing read of
     `lo..hi` with the job's filter found nothing (README: which rows a run processes).
     `crashes` counts consecutive claims that ended without the holder releasing the row or
-    committing a batch; `settled_at` is when the late-commit check of a finished partition ran.
+    committing a batch; `settled_at` is no longer written (the closing round replaced the
+    per-partition late-commit check; the column stays for old rows).
     """
 
     __tablename__ = "work_items"
@@ -111,6 +112,8 @@ class Schedule(Base):
     next_run_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     active: Mapped[bool] = mapped_column(default=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # When the job's last closing read began (tasks.ranges.closing; migration 0012).
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class CmData(Base):
@@ -127,15 +130,18 @@ class CmData(Base):
 
 
 class RunState:
-    """The states of a range job's run. Running and paused runs are live; the others ended."""
+    """The states of a range job's run. Running, paused and following runs are live; the
+    others ended. `following`: a `follow` job's run that caught up; it goes on processing rows
+    that come to match until it is cancelled (tasks.ranges.closing)."""
 
     RUNNING = "running"
     PAUSED = "paused"
+    FOLLOWING = "following"
     CANCELLED = "cancelled"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
 
-    LIVE = (RUNNING, PAUSED)
+    LIVE = (RUNNING, PAUSED, FOLLOWING)
     ENDED = (CANCELLED, SUCCEEDED, FAILED)
 
 

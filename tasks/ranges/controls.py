@@ -22,14 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, update
+from redis.exceptions import RedisError
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.db import affected, utcnow
 from tasks.keys import range_schedule_name
 from tasks.models import SCHEDULES, WORK, RunState
 from tasks.models import PartitionStatus as S
-from tasks.ranges.jobs import get_job
+from tasks.ranges.jobs import RangeJob, get_job
+from tasks.ranges.reconciler import activate_in
 from tasks.ranges.runs import (
     Run,
     change_state,
@@ -79,24 +82,43 @@ class Controls:
     kick: Kick
 
     def start(self, job: str, actor: str) -> dict[str, Any]:
-        """Open a run of `job` unless one is running (a paused run must be resumed or
-        cancelled first); after a cancelled run the job's partitions are planned anew."""
-        name = get_job(job).name
+        """Open a run of `job` unless one is live (a paused run must be resumed or cancelled
+        first); after a cancelled run the job's partitions are planned anew. The run, the
+        plan's reset and the job's schedule change in one transaction: a start that fails
+        (the database away, a table it cannot plan) changes nothing."""
+        found = get_job(job)
+        name = found.name
         run = current_run(self.sessions, name)
         if run is not None and run.state == RunState.PAUSED:
             raise ControlRefused(f"start {name}: run {run.id} is paused; resume it "
                                  "(tasks.ranges.resume) or cancel it first")
+        self._check_plannable(found)
         with writing(self.sessions) as session:
-            if run is not None and run.state == RunState.RUNNING:
-                record(session, run.id, name, "start", actor, "already running")
-                return {"run": run.id, "replanned": 0}
+            if run is not None and run.state in RunState.LIVE:
+                record(session, run.id, name, "start", actor, f"already {run.state}")
+                return {"run": run.id, "replanned": 0,
+                        "reset_failed": activate_in(session, name)}
             replanned = 0
             if run is not None and run.state == RunState.CANCELLED:
                 replanned = affected(session.execute(delete(WORK).where(
                     WORK.c.kind == "range", WORK.c.job == name)))
-            run_id = open_run(session, name, actor, get_job(name).rows_per_s)
-        write_flags(self.client, current_run(self.sessions, name))
-        return {"run": run_id, "replanned": replanned}
+            run_id = open_run(session, name, actor, found.rows_per_s)
+            reset = activate_in(session, name)
+        report = {"run": run_id, "replanned": replanned, "reset_failed": reset}
+        return self._copy_flags(name, report)
+
+    def _check_plannable(self, job: RangeJob) -> None:
+        """Refuse a start whose first reconcile round could not plan: the job's table
+        cannot be read (missing, no such column); a database that is away raises as is."""
+        try:
+            with self.sessions() as session:
+                session.execute(select(func.min(job.id_col)))
+        except DBAPIError as exc:
+            if not isinstance(exc, ProgrammingError) and "no such" not in str(exc.orig):
+                raise  # the database is away or busy: not the job's fault
+            raise ControlRefused(f"start {job.name}: cannot read the ids of table "
+                                 f"{job.table.name}: {str(getattr(exc, 'orig', exc))[:300]}"
+                                 ) from None
 
     def pause(self, job: str, actor: str) -> dict[str, Any]:
         return self._halt(job, "pause", (RunState.RUNNING,), RunState.PAUSED, actor)
@@ -109,8 +131,7 @@ class Controls:
             self._due_now(session, run.job)
             record(session, run.id, run.job, "resume", actor)
         report = self._after(run, RunState.RUNNING, resumed=resumed)
-        report["dispatched"] = self.kick(run.job).get("dispatched", [])
-        return report
+        return self._dispatched(report, self.kick_quietly(run.job))
 
     def cancel(self, job: str, actor: str) -> dict[str, Any]:
         return self._halt(job, "cancel", RunState.LIVE, RunState.CANCELLED, actor)
@@ -124,7 +145,12 @@ class Controls:
             self._change(session, run, verb, to)
             parked = self._move(session, run.job, S.PENDING, S.PAUSED)
             record(session, run.id, run.job, verb, actor)
-        return self._after(run, to, parked=parked + self._park(run))
+        report = self._after(run, to, parked=parked)
+        try:
+            report["parked"] += self._park(run)
+        except (RedisError, OSError) as exc:  # every reconcile round parks them too
+            report["deferred"] = _deferred("parking idle partitions", exc)
+        return report
 
     def retry_failed(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "retry-failed", (*RunState.LIVE, RunState.FAILED))
@@ -143,7 +169,7 @@ class Controls:
         state = RunState.PAUSED if to == S.PAUSED else RunState.RUNNING
         report = self._after(run, state, retried=retried)
         if to == S.PENDING:
-            report["dispatched"] = self.kick(run.job).get("dispatched", [])
+            return self._dispatched(report, self.kick_quietly(run.job))
         return report
 
     def throttle(self, job: str, rows_per_s: object, actor: str) -> dict[str, Any]:
@@ -190,5 +216,35 @@ class Controls:
 
     def _after(self, run: Run, state: str, **report: Any) -> dict[str, Any]:
         """Copy the run's new state to Redis; the control's report."""
-        write_flags(self.client, current_run(self.sessions, run.job))
-        return {"job": run.job, "run": run.id, "state": state, **report}
+        return self._copy_flags(run.job, {"job": run.job, "run": run.id, "state": state,
+                                          **report})
+
+    def _copy_flags(self, job: str, report: dict[str, Any]) -> dict[str, Any]:
+        """The control is committed; copying its state to the runners' Redis hash is the
+        second step. If Redis is away, every reconcile round copies it again (before it
+        dispatches anything), so the control still holds: the report says it is deferred."""
+        try:
+            write_flags(self.client, current_run(self.sessions, job))
+        except (RedisError, OSError) as exc:
+            report["deferred"] = _deferred("copying the run's state to Redis", exc)
+        return report
+
+    @staticmethod
+    def _dispatched(report: dict[str, Any], kicked: dict[str, Any]) -> dict[str, Any]:
+        report["dispatched"] = kicked.get("dispatched", [])
+        if "deferred" in kicked:
+            report["deferred"] = kicked["deferred"]
+        return report
+
+    def kick_quietly(self, job: str) -> dict[str, Any]:
+        """One reconcile round now (what the control set pending is dispatched at once);
+        if Redis or the database is away, beat's next round does it instead."""
+        try:
+            return self.kick(job)
+        except (RedisError, OSError, OperationalError) as exc:
+            return {"deferred": _deferred("the reconcile round", exc)}
+
+
+def _deferred(what: str, exc: BaseException) -> str:
+    return (f"{what} is left to the reconciler ({type(exc).__name__}: "
+            f"{str(exc)[:160]})")

@@ -20,7 +20,8 @@ Adoption: a gate that `may_adopt` also pops, in the same call, one of the job's 
 partition whose holder died, which the reconciler dispatched again: `range-orphans:{JOB}`).
 `before_batch` then answers `ADOPT` with the partition in `adopted`; the runner hands its own
 partition back at this boundary and its task runs the orphan next, so a taken-over partition
-does not wait behind the fresh partitions queued when every worker is busy. A gate told its
+does not wait behind the fresh partitions queued when every worker is busy (an orphan whose
+lease someone already holds is dropped, not adopted). A gate told its
 `part` takes it off the orphans in its first call: whoever claimed it, it is nobody's orphan.
 """
 
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lease import Lease
+from lease.keys import lease_key
 from lease.scripts import load_lua, run_script
 from tasks.keys import range_control_key, range_orphans_key, range_throttle_key
 from tasks.ranges.jobs import RangeJob
@@ -82,7 +84,7 @@ class Gate:
         self._reserved, self._claimed = int(reserved), ""
         if state:
             return _text(state)
-        if orphan:
+        if orphan and not self._held(int(orphan)):
             self.adopted = int(orphan)
             return ADOPT
         if wait_ms > 0:
@@ -91,6 +93,11 @@ class Gate:
                 return stop
         throttle_on = getattr(self.job, "throttle_on", None)
         return self._hold(lease, throttle_on) if throttle_on is not None else None
+
+    def _held(self, orphan: int) -> bool:
+        """Whether someone holds the popped orphan's lease already (its message reached a
+        free worker first): then adopting it would hand this partition back for nothing."""
+        return bool(self.client.exists(lease_key(self.job.lease_name(orphan))))
 
     def _hold(self, lease: Lease, throttle_on: Callable[[RangeJob], object]) -> str | None:
         """Wait while `throttle_on(job)` is truthy, backing off up to BACKOFF_CAP."""

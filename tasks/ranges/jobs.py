@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Row, Table
+from sqlalchemy import ColumnElement, Integer, Row, Table
 from sqlalchemy.orm import Session
 
 from tasks.keys import range_lease_name
@@ -114,6 +114,9 @@ class RangeJob:
     # per partition; past that the partition fails.
     skip_on: tuple[type[Exception], ...] = ()
     skip_limit: int = 0
+    # Follow the table (tasks.ranges.closing): where its run would succeed it becomes
+    # `following` and keeps processing rows that come to match until it is cancelled.
+    follow: bool = False
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
@@ -134,6 +137,10 @@ class RangeJob:
             if column not in self.table.c:
                 raise ValueError(f"range job {self.name}: table {self.table.name} has no "
                                  f"column {column!r}")
+        if not isinstance(self.id_col.type, Integer):
+            raise ValueError(f"range job {self.name}: id column {self.id_column!r} of table "
+                             f"{self.table.name} is {self.id_col.type}; partitions are id "
+                             "ranges, so it must be an integer column")
         if self.columns and self.id_column not in self.columns:
             raise ValueError(f"range job {self.name}: columns must include the id column "
                              f"{self.id_column!r} (the runner keeps its place by it)")

@@ -15,10 +15,11 @@ so a newer round's compare-and-set waits for an in-flight write of the older one
 
 Failover after a crash therefore takes at most the lease TTL plus one reconcile interval.
 
-Controls (issue 11): a round first reads the job's run (`runs.enforce`) and copies its state
-and throttle to Redis, so a flushed Redis cannot un-pause a job; a paused or cancelled job's
-round dispatches nothing. A round that ran ends with `runs.settle_run`: the run succeeds or
-fails once every partition finished.
+Controls: a round first reads the job's run (`runs.enforce`) and copies its state and
+throttle to Redis, so a flushed Redis cannot un-pause a job; a paused or cancelled job's round
+dispatches nothing, and an ended run's round does nothing. A round that ran ends with
+`closing.close_run`: once every partition finished, the closing round decides whether the run
+succeeds (or fails, if a partition failed).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import redis
 from sqlalchemy import func, insert, select, update
@@ -39,12 +39,13 @@ from tasks.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.keys import range_schedule_name as schedule_name
 from tasks.models import SCHEDULES, WORK, RunState
 from tasks.models import PartitionStatus as S
+from tasks.ranges.closing import close_run
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.planning import StoredPlan, plan_after
-from tasks.ranges.runs import enforce, settle_run
-from tasks.ranges.skips import left_to_do
+from tasks.ranges.runs import current_run, enforce
 
-__all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs"]
+__all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs",
+           "repair_inactive"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -61,40 +62,42 @@ class Round:
     job: str
     ran: bool
     planned: int = 0
+    # Partitions the closing read set back to pending, and the rows still to do it found.
     reopened: int = 0
-    dispatched: list[int] = field(default_factory=list)
-    # Partitions a late-commit check found rows in (set back to pending) / found clean.
     late: int = 0
-    settled: int = 0
+    dispatched: list[int] = field(default_factory=list)
+    closing_s: float | None = None  # how long the closing read took (None: none this round)
     overtaken: bool = False  # a newer round won the term while this one ran: it stopped
-    held: str | None = None  # the run is paused or cancelled: the round dispatched nothing
+    held: str | None = None  # the run is paused, cancelled or ended: the round did nothing
     run: str | None = None  # the state the round moved the job's run to (succeeded, ...)
 
 
 def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
     """Mark `job` active (beat reconciles it from now on); reset its failed partitions.
-
-    Every finished partition gets its late-commit check again, so a `start` also finds rows
-    committed below a finished partition's checkpoint since it finished. Returns how many
-    failed partitions go back to pending.
-    """
-    name = schedule_name(job.name)
-    now = utcnow()
+    Returns how many failed partitions go back to pending."""
     with sessions.begin() as session:
-        updated = affected(session.execute(update(SCHEDULES).where(SCHEDULES.c.name == name)
-                                           .values(active=True, next_run_at=now, updated_at=now)))
-        if not updated:
-            session.execute(insert(SCHEDULES).values(
-                name=name, term=0, next_run_at=now, active=True, updated_at=now))
-        session.execute(
-            update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
-                               WORK.c.status.in_((S.DONE, S.EMPTY)))
-            .values(settled_at=None))
-        return affected(session.execute(
-            update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
-                               WORK.c.status == S.FAILED)
-            .values(status=S.PENDING, error=None, dispatched_at=None, crashes=0)
-        ))
+        return activate_in(session, job.name)
+
+
+def activate_in(session: Session, job: str) -> int:
+    """`activate`, in the caller's transaction (a `start` opens its run in the same one)."""
+    _schedule_on(session, job)
+    return affected(session.execute(
+        update(WORK).where(WORK.c.kind == "range", WORK.c.job == job,
+                           WORK.c.status == S.FAILED)
+        .values(status=S.PENDING, error=None, dispatched_at=None, crashes=0)
+    ))
+
+
+def _schedule_on(session: Session, job: str) -> None:
+    """The job's schedule row is active and due now (made if missing)."""
+    name = schedule_name(job)
+    now = utcnow()
+    updated = affected(session.execute(update(SCHEDULES).where(SCHEDULES.c.name == name)
+                                       .values(active=True, next_run_at=now, updated_at=now)))
+    if not updated:
+        session.execute(insert(SCHEDULES).values(
+            name=name, term=0, next_run_at=now, active=True, updated_at=now))
 
 
 def active_jobs(sessions: sessionmaker[Session]) -> list[str]:
@@ -103,6 +106,25 @@ def active_jobs(sessions: sessionmaker[Session]) -> list[str]:
             SCHEDULES.c.active.is_(True), SCHEDULES.c.name.like(f"{RANGE_PREFIX}%"))
         ).scalars().all()
     return [job_of_schedule(name) for name in names]
+
+
+def repair_inactive(sessions: sessionmaker[Session], jobs: list[RangeJob]) -> list[str]:
+    """Reactivate each of `jobs` whose run is live while the job is not reconciled (a control
+    that failed between its two steps in an older version, or a schedule row edited by hand):
+    such a run would otherwise wait forever. Returns the jobs it reactivated."""
+    active = set(active_jobs(sessions))
+    repaired = []
+    for job in jobs:
+        if job.name in active:
+            continue
+        run = current_run(sessions, job.name)
+        if run is not None and run.state in RunState.LIVE:
+            with sessions.begin() as session:
+                _schedule_on(session, job.name)
+            log.warning("reconcile %s: run %d is %s but the job was not reconciled; "
+                        "reconciling it again", job.name, run.id, run.state)
+            repaired.append(job.name)
+    return repaired
 
 
 def _win_round(sessions: sessionmaker[Session], name: str, interval: float) -> int | None:
@@ -140,15 +162,15 @@ def reconcile_job(
     settle: float = 60.0,
     seam: Seam | None = None,
 ) -> Round:
-    """One reconcile round for `job`: plan, reopen grown partitions, check finished ones for
-    late commits, dispatch unleased ones.
+    """One reconcile round for `job`: plan, dispatch unleased partitions, and once every
+    partition finished, the closing round (`tasks.ranges.closing`).
 
     A partition is dispatched when it is open (pending or running), nobody holds its lease, and
     it was not dispatched within `grace` seconds (a queued message may still be on its way).
-    A finished partition is checked for late commits once, `settle` seconds after it finished.
+    A followed job's closing read repeats every `settle` seconds.
     """
     state = enforce(sessions, client, job.name)
-    if state in (RunState.PAUSED, RunState.CANCELLED):
+    if state in (RunState.PAUSED, RunState.CANCELLED, RunState.SUCCEEDED, RunState.FAILED):
         return Round(job.name, ran=False, held=state)
     term = _win_round(sessions, schedule_name(job.name), interval)
     if term is None:
@@ -158,23 +180,28 @@ def reconcile_job(
     result = Round(job.name, ran=True)
     if not _plan(sessions, job, term, result, step):
         return _overtaken(result)
-    if not _settle(sessions, job, term, settle, result):
+    # The closing round before dispatching: the partitions it reopens go out at once.
+    closing = close_run(sessions, job, lambda s: _hold(s, schedule_name(job.name), term),
+                        settle=settle)
+    if closing.overtaken:
         return _overtaken(result)
+    result.reopened, result.late = len(closing.reopened), closing.found
+    result.closing_s, result.run = closing.seconds, closing.run
     dispatched = _dispatch_unleased(sessions, client, job, term, dispatch, grace)
     if dispatched is None:
         return _overtaken(result)
     result.dispatched = dispatched
-    result.run = settle_run(sessions, job.name)
-    if result.planned or result.reopened or result.dispatched or result.late:
-        log.info("reconcile %s: planned %d, reopened %d, late commits in %d, dispatched %s",
-                 job.name, result.planned, result.reopened, result.late, result.dispatched)
+    if result.planned or result.reopened or result.dispatched or result.run:
+        log.info("reconcile %s: planned %d, dispatched %s, closing read found %d rows "
+                 "(reopened %d partitions), run %s", job.name, result.planned,
+                 result.dispatched[:20], result.late, result.reopened, result.run or "-")
     return result
 
 
 def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
           step: Seam) -> bool:
-    """Add the partitions the table's id bounds need and reopen the finished ones it grew
-    past; False if the round was overtaken (then it wrote nothing)."""
+    """Add the partitions the table's id bounds need; False if the round was overtaken (then
+    it wrote nothing)."""
     with sessions() as session:
         # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
         # min() or max() from the index but scans the table for both together (60 ms at
@@ -196,8 +223,6 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
                  "next_id": p.lo, "fence": 0, "status": S.PENDING, "claims": 0, "rows_done": 0,
                  "rate": 0.0, "crashes": 0} for p in missing])
         result.planned = len(missing)
-        if hi is not None:
-            result.reopened = _reopen(session, job, hi)
     return True
 
 
@@ -205,46 +230,6 @@ def _overtaken(result: Round) -> Round:
     log.info("reconcile %s: a newer round took over; this one stops", result.job)
     result.overtaken = True
     return result
-
-
-def _reopen(session: Session, job: RangeJob, max_id: int) -> int:
-    """Rows appended after a partition finished: set it back to pending, from its checkpoint."""
-    return affected(session.execute(
-        update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
-                           WORK.c.status.in_((S.DONE, S.EMPTY)), WORK.c.next_id <= max_id,
-                           WORK.c.next_id <= WORK.c.hi)
-        .values(status=S.PENDING, finished_at=None, dispatched_at=None)
-    ))
-
-
-def _settle(sessions: sessionmaker[Session], job: RangeJob, term: int, settle: float,
-            result: Round) -> bool:
-    """The late-commit check: a partition that finished `settle` seconds ago is read once more
-    with the job's filter; a row found (its transaction was open across the closing read)
-    sets it back to pending, else it is settled. False if the round was overtaken."""
-    cutoff = utcnow() - timedelta(seconds=settle)
-    with sessions() as session:
-        due = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.fence).where(
-            WORK.c.kind == "range", WORK.c.job == job.name,
-            WORK.c.status.in_((S.DONE, S.EMPTY)), WORK.c.settled_at.is_(None),
-            WORK.c.finished_at <= cutoff)).all()
-        late = {r.part for r in due if session.execute(
-            left_to_do(session, job, r.part, r.lo, r.hi)).first() is not None}
-    if not due:
-        return True
-    with sessions.begin() as session:
-        if not _hold(session, schedule_name(job.name), term):
-            return False
-        for r in due:
-            values: dict[str, Any] = (
-                {"status": S.PENDING, "finished_at": None, "dispatched_at": None}
-                if r.part in late else {"settled_at": utcnow()})
-            session.execute(update(WORK).where(
-                WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.part == r.part,
-                WORK.c.fence == r.fence, WORK.c.status.in_((S.DONE, S.EMPTY)),
-                WORK.c.settled_at.is_(None)).values(**values))
-    result.late, result.settled = len(late), len(due) - len(late)
-    return True
 
 
 def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job: RangeJob,

@@ -30,7 +30,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
-from tasks.db import is_redis_away, is_transient
+from tasks.db import is_redis_away, is_transient, utcnow
+from tasks.keys import OUTAGE_TTL, range_outage_key
 from tasks.logs import bind
 from tasks.metrics import record
 from tasks.models import PartitionStatus as S
@@ -119,15 +120,15 @@ class PartitionRunner:
                         self.job.name, self.part, type(exc).__name__)
             return Outcome.REDIS_UNAVAILABLE
         try:
-            return self._run_leased(lease)
+            return self._run_leased(lease, self._outage_fence(row))
         finally:
             try:
                 lease.release()
             except (LeaseLost, NotHeld, RedisError, OSError):
                 pass  # lost, or Redis is away: the lease lapses by its TTL
 
-    def _run_leased(self, lease: Lease) -> str:
-        claimed = self.row.claim(lease.fence)
+    def _run_leased(self, lease: Lease, outage_fence: int | None = None) -> str:
+        claimed = self.row.claim(lease.fence, outage_fence=outage_fence)
         if claimed is None:
             return Outcome.STALE
         if claimed.crashes >= self.crash_cap:
@@ -211,14 +212,45 @@ class PartitionRunner:
             self.row.release_quietly(fence)
             return Outcome.REDIS_UNAVAILABLE
         if is_transient(exc):
-            # Still away after every retry: not the partition's fault, so it is not
-            # failed. The lease is released; the reconciler dispatches it again later.
-            log.warning("range %s part %s: database unavailable (%s); leaving it for later",
-                        self.job.name, self.part, type(exc).__name__)
+            # Still away after every retry (a lost connection, a lock timeout, a busy SQLite
+            # file): not the partition's fault and no crash. It is handed back like a Redis
+            # outage; the reconciler dispatches it again later.
+            self._hand_back_after_outage(fence, exc)
             return Outcome.UNAVAILABLE
         log.exception("range %s part %s failed", self.job.name, self.part)
         self.row.fail(fence, exc)
         return Outcome.FAILED
+
+    def _hand_back_after_outage(self, fence: int, exc: Exception) -> None:
+        cause = type(getattr(exc, "orig", None) or exc).__name__
+        note = f"database unavailable ({cause}); handed back at {utcnow():%H:%M:%S} UTC"
+        log.warning("range %s part %s: %s", self.job.name, self.part, note)
+        for delay in (*self.retry_delays[:2], None):
+            try:
+                self.row.release_to_pending(fence, note=note)
+                return
+            except (OperationalError, DBAPIError):
+                if delay is None:
+                    break
+                time.sleep(delay)
+        # The row stays `running`: mark this fence in Redis, so the next claim knows its
+        # holder stopped for an outage and does not count a crash towards REDELIVERY_CAP.
+        try:
+            self.leases.client.set(range_outage_key(self.job.name, self.part), fence,
+                                   ex=OUTAGE_TTL)
+        except (RedisError, OSError):
+            log.warning("range %s part %s: could not mark the outage either; the next claim "
+                        "counts a crash", self.job.name, self.part)
+
+    def _outage_fence(self, row: Any) -> int | None:
+        """The fence of a holder that stopped for an outage with the row left `running`."""
+        if row.status != S.RUNNING:
+            return None
+        try:
+            mark = self.leases.client.get(range_outage_key(self.job.name, self.part))
+        except (RedisError, OSError):
+            return None
+        return int(mark) if mark is not None else None
 
     def _with_retries(self, lease: Lease, step: Callable[..., T], *args: Any) -> T:
         for delay in (*self.retry_delays, None):

@@ -1,7 +1,8 @@
 """The runs of a range job (`range_runs`) and the audit of their controls (`range_run_events`).
 
-A run opens with `tasks.ranges.start` and ends when the reconciler finds every partition
-finished (succeeded; failed if one failed) or with `tasks.ranges.cancel`. The run row is the
+A run opens with `tasks.ranges.start` and ends when the reconciler's closing round finds
+nothing left to do (succeeded; failed if a partition failed: `tasks.ranges.closing`) or with
+`tasks.ranges.cancel`. The run row is the
 source of truth for the job's controls; each reconcile round copies its state and throttle to
 the job's Redis control hash (`write_flags`), which the runners read once per batch, so a
 Redis flush or restart cannot un-pause a job for longer than one reconcile interval.
@@ -28,8 +29,8 @@ from tasks.models import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.models import PartitionStatus as S
 
 __all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
-           "change_state", "run_rows", "write_flags", "enforce", "settle_run", "RECONCILER",
-           "writing", "park_unleased"]
+           "change_state", "run_rows", "write_flags", "enforce", "RECONCILER",
+           "writing", "park_unleased", "statuses"]
 
 RECONCILER = "reconciler"  # the actor of the events the reconciler records
 
@@ -175,7 +176,8 @@ def write_flags(client: Any, run: Run | None) -> None:
         pipe.execute()
 
 
-def _statuses(session: Session, job: str) -> dict[str, int]:
+def statuses(session: Session, job: str) -> dict[str, int]:
+    """How many of the job's partitions are in each state."""
     return {status: int(n) for status, n in session.execute(
         select(WORK.c.status, func.count()).where(WORK.c.kind == "range", WORK.c.job == job)
         .group_by(WORK.c.status)).all()}
@@ -218,37 +220,7 @@ def enforce(sessions: sessionmaker[Session], client: Any, job: str) -> str | Non
     park_unleased(sessions, client, job)
     if run.state == RunState.CANCELLED:
         with writing(sessions) as session:
-            if not _statuses(session, job).get(S.RUNNING):
+            if not statuses(session, job).get(S.RUNNING):
                 session.execute(update(SCHEDULES).where(
                     SCHEDULES.c.name == range_schedule_name(job)).values(active=False))
     return run.state
-
-
-def settle_run(sessions: sessionmaker[Session], job: str) -> str | None:
-    """A reconcile round's last step: a running run whose partitions all finished ends
-    (succeeded, or failed if one failed); an ended run whose partitions reopened (late
-    commits, growth) runs again; paused partitions of a running run (a pause that lost a
-    race with resume) go back to pending. Returns the state it moved the run to, if any."""
-    run = current_run(sessions, job)
-    if run is None or run.state not in (RunState.RUNNING, RunState.SUCCEEDED, RunState.FAILED):
-        return None
-    with writing(sessions) as session:
-        counts = _statuses(session, job)
-        open_parts = sum(counts.get(s, 0) for s in (*S.OPEN, S.PAUSED))
-        if run.state == RunState.RUNNING:
-            if counts.get(S.PAUSED):
-                session.execute(update(WORK).where(
-                    WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == S.PAUSED)
-                    .values(status=S.PENDING, dispatched_at=None))
-            if open_parts:
-                return None
-            to = RunState.FAILED if counts.get(S.FAILED) else RunState.SUCCEEDED
-        elif open_parts:
-            to = RunState.RUNNING
-        else:
-            return None
-        if not change_state(session, run, to):
-            return None
-        record(session, run.id, job, "reopened" if to == RunState.RUNNING else to, RECONCILER,
-               ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-    return to

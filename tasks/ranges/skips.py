@@ -12,7 +12,7 @@ row id, reason), so the batch, its checkpoint and its quarantine commit together
                                the batch commits rows 1-5, 7, 8 and the letter for row 6
 
 A quarantined row still matches the job's filter (it was never processed), so every read of
-rows still to do (the keyset and closing passes, the reconciler's late-commit check) leaves out
+rows still to do (the keyset and closing passes, the run's closing round) leaves out
 the partition's quarantined ids: otherwise the closing pass would read it forever. The dead
 letters are the record: a row stays quarantined until its letter is purged
 (`python -m tasks deadletters purge ID`), after which the next run takes it again. A
@@ -31,14 +31,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Row, Select, insert, select
+from sqlalchemy import Row, insert, select
 from sqlalchemy.orm import Session
 
 from tasks.db import utcnow
 from tasks.models import DEAD_LETTERS
 
 __all__ = ["SKIP_KIND", "SkipLimitExceeded", "Skips", "validate_skips", "quarantined_ids",
-           "left_to_do"]
+           "quarantined_of_job"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -79,15 +79,13 @@ def quarantined_ids(session: Session, job: str, part: int) -> frozenset[int]:
     return frozenset(int(ref[len(prefix):]) for ref in refs)
 
 
-def left_to_do(session: Session, job: Any, part: int, lo: int, hi: int) -> Select[Any]:
-    """A read of one row of `job` (a RangeJob) in `lo..hi` still to do: matching its filter
-    and not quarantined."""
-    query = select(job.id_col).where(job.id_col >= lo, job.id_col <= hi, job.where)
-    if job.skip_on:
-        quarantined = quarantined_ids(session, job.name, part)
-        if quarantined:
-            query = query.where(job.id_col.not_in(sorted(quarantined)))
-    return query.limit(1)
+def quarantined_of_job(session: Session, job: str) -> frozenset[int]:
+    """The row ids of every partition of `job` that its skip policy quarantined."""
+    prefix = f"{job}:"
+    refs = session.execute(select(DEAD_LETTERS.c.ref).where(
+        DEAD_LETTERS.c.kind == SKIP_KIND, DEAD_LETTERS.c.ref.startswith(prefix, autoescape=True)
+    )).scalars()
+    return frozenset(int(ref.rsplit(":", 1)[1]) for ref in refs)
 
 
 class Skips:

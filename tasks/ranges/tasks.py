@@ -24,7 +24,7 @@ from tasks.app import app, settings
 from tasks.lifecycle import shutdown_requested
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
-from tasks.ranges.reconciler import Round, activate, active_jobs, reconcile_job
+from tasks.ranges.reconciler import Round, active_jobs, reconcile_job, repair_inactive
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.resources import resources_for
 from tasks.validate import InvalidArguments
@@ -56,7 +56,7 @@ def _round(job_name: str) -> Round:
 def _report(r: Round) -> dict[str, Any]:
     return {"job": r.job, "ran": r.ran, "planned": r.planned, "reopened": r.reopened,
             "late": r.late, "dispatched": r.dispatched, "overtaken": r.overtaken,
-            "held": r.held, "run_state": r.run}
+            "held": r.held, "run_state": r.run, "closing_s": r.closing_s}
 
 
 def controls() -> Controls:
@@ -70,13 +70,14 @@ def _actor(task: Task) -> str:
 
 
 def start_job(job: str, actor: str) -> dict[str, Any]:
-    """Start range job `job` (a new run unless one is running; a paused run is refused):
-    activate it, reset failed partitions, reconcile now. The CLI's `jobs start` too."""
+    """Start range job `job` (a new run unless one is live; a paused run is refused): open
+    the run, activate the job and reset its failed partitions in one transaction, then
+    reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too."""
     found = get_job(job)
-    opened = controls().start(found.name, actor)
-    reset = activate(resources_for(settings).sessions, found)
-    report = _report(_round(found.name))
-    report.update(reset_failed=reset, **opened)
+    control = controls()
+    opened = control.start(found.name, actor)
+    report = {"job": found.name, **control.kick_quietly(found.name)}
+    report.update(**opened)
     return report
 
 
@@ -119,8 +120,11 @@ def throttle(self: Task, job: str, rows_per_s: float) -> dict[str, Any]:
 @app.task(name="tasks.ranges.reconcile")
 def reconcile() -> list[dict[str, Any]]:
     """One reconcile round for every active job (beat emits this every few seconds)."""
-    known = {job.name for job in registered_jobs()}
-    names = [name for name in active_jobs(resources_for(settings).sessions) if name in known]
+    jobs = registered_jobs()
+    known = {job.name for job in jobs}
+    sessions = resources_for(settings).sessions
+    repair_inactive(sessions, jobs)
+    names = [name for name in active_jobs(sessions) if name in known]
     return [_report(_round(name)) for name in names]
 
 

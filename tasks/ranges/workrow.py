@@ -17,7 +17,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Update, bindparam, case, select, update
+from sqlalchemy import Connection, Update, and_, bindparam, case, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -54,11 +54,16 @@ class WorkRow:
                                    "(not planned yet: start the job first)")
         return row
 
-    def claim(self, fence: int) -> Any:
+    def claim(self, fence: int, *, outage_fence: int | None = None) -> Any:
         """Take the open row for the holder of `fence`: its bounds, checkpoint and counts, or
-        None if a holder with a newer fence claimed it first or it is finished."""
+        None if a holder with a newer fence claimed it first or it is finished. A row still
+        `running` counts a crash of its holder, unless that holder's fence is `outage_fence`
+        (it stopped for a database outage and could not say so in the row)."""
         now = utcnow()
-        took_over = case((WORK.c.status == S.RUNNING, 1), else_=0)
+        crashed = WORK.c.status == S.RUNNING
+        if outage_fence is not None:
+            crashed = and_(crashed, WORK.c.fence != outage_fence)
+        took_over = case((crashed, 1), else_=0)
         with self.sessions.begin() as session:
             # `crashes` first: MariaDB evaluates SET assignments left to right, so it must read
             # the old status before `status` is assigned.
@@ -109,10 +114,14 @@ class WorkRow:
         log.info("range %s part %s: %s", self.job.name, self.part, final)
         return str(final)
 
-    def release_to_pending(self, fence: int) -> None:
-        """Hand the row back (the holder stops on purpose); the reconciler dispatches it."""
+    def release_to_pending(self, fence: int, note: str | None = None) -> None:
+        """Hand the row back (the holder stops on purpose); the reconciler dispatches it.
+        `note` says why in the row's `error` until the next claim (an outage)."""
+        values: dict[str, Any] = {"status": S.PENDING, "owner": None}
+        if note is not None:
+            values["error"] = note
         with self.sessions.begin() as session:
-            session.execute(self.guard(fence).values(status=S.PENDING, owner=None))
+            session.execute(self.guard(fence).values(**values))
 
     def park(self, fence: int) -> None:
         """The job was paused or cancelled: the holder stops between batches; the reconciler

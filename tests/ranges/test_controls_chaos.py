@@ -21,6 +21,14 @@ from tests.support.workers import wait_until
 pytestmark = [pytest.mark.timeout(240), pytest.mark.parametrize("db_kind", ["postgresql"])]
 
 BATCH_S = 0.3
+HOLD_RATE = "300"  # rows/s: the 6,000 rows take 20 s, long past the control a test sends
+
+
+def hold_back(cluster: Platform) -> None:
+    """Throttle the run, so it cannot finish before the control under test lands, however
+    busy the machine (the throttle is the run's: a flushed Redis gets it back each round)."""
+    throttled = jobs_cli(cluster, "throttle", "cm_data", HOLD_RATE)
+    assert throttled.returncode == 0, throttled.stderr
 
 
 def test_a_pause_during_a_takeover_holds_the_job_and_resume_finishes_exactly_once(
@@ -32,6 +40,7 @@ def test_a_pause_during_a_takeover_holds_the_job_and_resume_finishes_exactly_onc
     cluster.worker("survivor")
     cluster.beat()
     cluster.start_job()
+    hold_back(cluster)
     victim = wait_until(lambda: next((p for p in cluster.parts() if p.status == "running"
                                       and (p.owner or "").startswith("doomed@")
                                       and p.next_id > p.lo), None),
@@ -63,6 +72,7 @@ def test_a_cancel_sent_while_redis_is_flushed_holds_and_a_new_start_finishes_exa
     cluster.worker("b")
     cluster.beat()
     cluster.start_job()
+    hold_back(cluster)
     wait_until(cluster.running_with_progress, 60, "a partition in progress")
     client = redis.Redis.from_url(cluster.redis_server.url)
     client.flushall()  # leases, the control flag and the queued messages: all gone

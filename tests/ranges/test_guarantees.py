@@ -82,32 +82,29 @@ def test_rows_committed_between_the_last_empty_batch_and_the_close_are_processed
     assert round_now(sessions, redis_client, job).reopened == 0
 
 
-def test_a_late_commit_below_the_checkpoint_is_found_by_the_settle_check(
+def test_a_job_reconciled_without_a_run_repeats_its_closing_read_every_settle_interval(
     engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
 ) -> None:
     """A transaction open across the closing read commits a row below the checkpoint after
-    the partition is done: the late-commit check RANGE_SETTLE later sets it back to pending."""
+    the partition is done. A job activated without a run is followed (tasks.ranges.closing):
+    its closing read finds the row once it is due (RANGE_SETTLE after the last one)."""
     seed_cm_data(engine, 500)
     seed_cm_data(engine, 100, start_id=600)
     job = small()
     plan(sessions, redis_client, job)
     assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    first = round_now(sessions, redis_client, job, settle=3600)  # never read: due at once
+    assert first.closing_s is not None and first.late == 0
     add_row(engine, 550)  # committed after the closing read, below the checkpoint (700)
     early = round_now(sessions, redis_client, job, settle=3600)
-    assert (early.late, early.settled, early.reopened) == (0, 0, 0)  # not due yet
+    assert (early.closing_s, early.late, early.reopened) == (None, 0, 0)  # not due yet
     late = round_now(sessions, redis_client, job, settle=0)
-    assert (late.late, late.settled) == (1, 0)
+    assert (late.late, late.reopened) == (1, 1)
     assert work(engine, 0).status == S.PENDING
     assert runner(job, 0, sessions, leases).run() == Outcome.DONE
     assert counts(engine) == {1: 601}
     clean = round_now(sessions, redis_client, job, settle=0)
-    assert (clean.late, clean.settled) == (0, 1)
-    assert work(engine, 0).settled_at is not None
-    # `start` checks every finished partition again (a commit long after the settle window).
-    add_row(engine, 560)
-    assert round_now(sessions, redis_client, job, settle=0).late == 1
-    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
-    assert counts(engine) == {1: 602}
+    assert (clean.late, clean.reopened) == (0, 0)
 
 
 def test_a_process_that_leaves_rows_matching_the_filter_fails_and_writes_nothing(

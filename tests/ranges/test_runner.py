@@ -202,7 +202,7 @@ def test_a_lost_fence_counter_never_hands_out_an_old_fence(
     assert counts(engine) == {1: 300}
 
 
-def test_reconcile_plans_new_partitions_and_reopens_grown_ones(
+def test_reconcile_plans_new_partitions_and_the_closing_read_reopens_grown_ones(
     engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
 ) -> None:
     seed_cm_data(engine, 1500)
@@ -211,15 +211,22 @@ def test_reconcile_plans_new_partitions_and_reopens_grown_ones(
     for part in (0, 1):
         runner(job, part, sessions, leases).run()
     seed_cm_data(engine, 1000)  # ids 1501..2500: part 1 grows, part 2 appears
-    with sessions.begin() as session:  # let the next round run now
-        session.execute(update(WorkItem.__table__).values(dispatched_at=None))
-    sent: list[int] = []
-    activate(sessions, job)
-    report = reconcile_job(sessions, redis_client, job, lambda _j, p: sent.append(p),
-                           interval=1, grace=0)
-    assert (report.planned, report.reopened, sorted(sent)) == (1, 1, [1, 2])
-    for part in (1, 2):
-        assert runner(job, part, sessions, leases).run() == Outcome.DONE
+
+    def one_round() -> tuple[Any, list[int]]:
+        with sessions.begin() as session:  # let the next round run now
+            session.execute(update(WorkItem.__table__).values(dispatched_at=None))
+        sent: list[int] = []
+        activate(sessions, job)
+        return reconcile_job(sessions, redis_client, job, lambda _j, p: sent.append(p),
+                             interval=1, grace=0), sent
+
+    report, sent = one_round()  # part 2 is open: no closing read yet
+    assert (report.planned, report.reopened, report.closing_s, sent) == (1, 0, None, [2])
+    assert runner(job, 2, sessions, leases).run() == Outcome.DONE
+    report, sent = one_round()  # every partition finished: the closing read finds 1501..2000
+    assert (report.planned, report.reopened, sent) == (0, 1, [1])
+    assert report.closing_s is not None and report.late > 0
+    assert runner(job, 1, sessions, leases).run() == Outcome.DONE
     assert counts(engine) == {1: 2500}
 
 
@@ -276,8 +283,9 @@ def test_a_database_that_stays_away_leaves_the_partition_for_later_not_failed(
     job = small(process=unreachable)
     plan(sessions, redis_client, job)
     assert runner(job, 0, sessions, leases).run() == Outcome.UNAVAILABLE
-    row = work(engine, 0)
-    assert row.status == S.RUNNING and row.error is None and row.next_id == 1
+    row = work(engine, 0)  # handed back, as after a Redis outage: no crash is counted
+    assert row.status == S.PENDING and row.next_id == 1 and row.crashes == 0
+    assert row.error.startswith("database unavailable (ConnectionError)")
     assert not redis_client.exists(f"lease:{{{job.lease_name(0)}}}")  # free for a takeover
     assert runner(small(), 0, sessions, leases).run() == Outcome.DONE
     assert counts(engine) == {1: 300}

@@ -96,12 +96,12 @@ def test_bad_rows_are_quarantined_and_every_other_row_is_processed_once(
                and f["reason"].startswith("BadRow") for f in found)
     assert [(w.status, w.rows_done) for w in work_rows(engine)] == [(S.DONE, 497),
                                                                      (S.DONE, 499)]
-    # The quarantined rows still match the filter, yet the late-commit check does not reopen
-    # the partitions, and a duplicate delivery processes nothing.
+    # The quarantined rows still match the filter, yet the closing read does not reopen the
+    # partitions, and a duplicate delivery processes nothing.
     activate(sessions, job)  # the round is due now
     result = reconcile_job(sessions, redis_client, job, lambda _j, _p: None, interval=1,
                            grace=0, settle=0)
-    assert (result.late, result.settled) == (0, 2)
+    assert result.closing_s is not None and (result.late, result.reopened) == (0, 0)
     assert run_all(job, sessions, leases, redis_client) == []
     assert processed(engine) == counts
 
@@ -114,7 +114,7 @@ def test_a_new_run_leaves_quarantined_rows_out_until_their_letter_is_purged(
     assert run_all(job, sessions, leases, redis_client) == [Outcome.DONE]
     # A fresh partition run of the same job, its row reset to the start: 42 is still left out.
     with sessions.begin() as session:
-        session.execute(WORK.update().values(status=S.PENDING, next_id=1, settled_at=None))
+        session.execute(WORK.update().values(status=S.PENDING, next_id=1))
     runner = PartitionRunner(job, 0, sessions=sessions, leases=leases, lease_ttl=10.0,
                              owner="test", shutdown=threading.Event())
     assert runner.run() == Outcome.DONE and runner.rows_done == 0

@@ -1,0 +1,222 @@
+"""The closing round: when a run of a range job may end (README, "Which rows a run processes").
+
+A partition is done once its own closing read of `lo..hi` found nothing, but a row can still
+come to match below its checkpoint afterwards: an id allocated before its transaction began (a
+PostgreSQL sequence with a cache, hi-lo or pooled id blocks, application-assigned ids) commits
+whenever its transaction does. So a run never ends on id arithmetic. Once every partition of
+the run is finished, a reconcile round begins a closing round:
+
+    t0  every partition is done or empty; the round notes their fences and the time
+    t1  one read of the job's table with the job's filter (rows still to do, the skip
+        policy's quarantined rows left out), taken after t0
+    t2  rows found    -> the partitions holding them go back to pending; the run goes on, and
+                         once they are finished again the next closing round begins
+        none found    -> in one transaction, if no partition changed since t0 (the same
+                         fences, all still finished, none added), the run succeeds
+
+so a run that says `succeeded` processed, exactly once, every row that matched the job's
+filter and was committed before its closing round began, whatever the id scheme (cached
+sequences, id blocks, application ids, deleted, sparse or empty id ranges). `succeeded` is
+terminal: the job is no longer reconciled, and rows that come to match later belong to the
+next run (`start`).
+
+A job declared with `follow=True` follows its table instead: where its run would succeed it
+becomes `following`, stays live, and the closing read repeats every `settle` seconds
+(RANGE_SETTLE), reopening the partitions of rows that came to match, until it is cancelled. A
+job reconciled without a run (activated directly) is followed the same way.
+
+Cost: the partition bounds of the job (one read) and one statement,
+`SELECT id FROM <table> WHERE <filter> LIMIT n` (n = CLOSING_LIMIT plus the quarantined rows):
+a scan of the rows still to do, through an index on the filter if the table has one, else
+of the table.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from tasks.db import affected, utcnow
+from tasks.keys import range_schedule_name
+from tasks.models import SCHEDULES, WORK, RunState
+from tasks.models import PartitionStatus as S
+from tasks.ranges.jobs import RangeJob
+from tasks.ranges.runs import (
+    RECONCILER,
+    Run,
+    change_state,
+    current_run,
+    record,
+    statuses,
+    writing,
+)
+from tasks.ranges.skips import quarantined_of_job
+
+__all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT"]
+
+log = logging.getLogger("tasks.ranges")
+
+CLOSING_LIMIT = 1000  # rows one closing read looks for (each reopens its partition)
+
+# The round's term check, the first statement of its write transaction (False: overtaken).
+Hold = Callable[[Session], bool]
+
+
+@dataclass
+class Closing:
+    """What the end of a reconcile round did: the closing read and the run's new state."""
+
+    found: int = 0  # rows still to do that the closing read found
+    reopened: list[int] = field(default_factory=list)  # partitions set back to pending
+    seconds: float | None = None  # how long the closing read took (None: no closing read)
+    run: str | None = None  # the state the run moved to
+    overtaken: bool = False
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The job's partitions when the closing round began: bounds, and what may not change."""
+
+    parts: list[Any]  # (part, lo, hi) ordered by lo
+    finished: int
+    fences: int
+
+
+def closing_read(session: Session, job: RangeJob) -> list[int]:
+    """Ids of up to CLOSING_LIMIT rows of `job` still to do, quarantined rows left out."""
+    quarantined = quarantined_of_job(session, job.name) if job.skip_on else frozenset()
+    query = select(job.id_col).where(job.where).limit(CLOSING_LIMIT + len(quarantined))
+    ids = [int(i) for i in session.execute(query).scalars()]
+    return [i for i in ids if i not in quarantined]
+
+
+def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
+              settle: float, clock: Callable[[], float] = time.monotonic) -> Closing:
+    """The end of a reconcile round: a run whose partitions all finished ends (failed if one
+    failed) or gets its closing round; paused partitions of a running run (a pause that lost
+    a race with resume) go back to pending."""
+    result = Closing()
+    run = current_run(sessions, job.name)
+    state = run.state if run is not None else None
+    if state not in (None, RunState.RUNNING, RunState.FOLLOWING):
+        return result
+    counts = _statuses_after_resume_race(sessions, job.name, state)
+    if sum(counts.get(s, 0) for s in (*S.OPEN, S.PAUSED)):
+        return result
+    if counts.get(S.FAILED):
+        if run is not None:
+            result.run = _end(sessions, run, RunState.FAILED, _summary(counts))
+        return result
+    if state != RunState.RUNNING and not _due(sessions, job.name, settle):
+        return result
+    snapshot, began = _snapshot(sessions, job.name), utcnow()
+    started = clock()
+    with sessions() as session:
+        found = closing_read(session, job)
+    result.seconds, result.found = clock() - started, len(found)
+    with writing(sessions) as session:
+        if not hold(session):
+            result.overtaken = True
+            return result
+        session.execute(update(SCHEDULES).where(
+            SCHEDULES.c.name == range_schedule_name(job.name)).values(closed_at=began))
+        if found:
+            result.reopened = _reopen(session, job.name, snapshot, found)
+        elif run is not None and state == RunState.RUNNING and _unchanged(session, job.name,
+                                                                          snapshot):
+            to = RunState.FOLLOWING if job.follow else RunState.SUCCEEDED
+            detail = (f"closing round began {began.isoformat(timespec='milliseconds')}Z, read "
+                      f"the filter over {len(snapshot.parts)} partitions in "
+                      f"{result.seconds:.3f}s, found nothing")
+            result.run = _change(session, run, to, detail)
+    if result.found:
+        log.info("range %s: the closing read found %d rows still to do; partitions %s go "
+                 "back to pending", job.name, result.found, result.reopened[:20])
+    return result
+
+
+def _statuses_after_resume_race(sessions: sessionmaker[Session], job: str,
+                                state: str | None) -> dict[str, int]:
+    with writing(sessions) as session:
+        counts = statuses(session, job)
+        if state == RunState.RUNNING and counts.get(S.PAUSED):
+            moved = affected(session.execute(update(WORK).where(
+                WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == S.PAUSED)
+                .values(status=S.PENDING, dispatched_at=None)))
+            counts[S.PAUSED] -= moved
+            counts[S.PENDING] = counts.get(S.PENDING, 0) + moved
+    return counts
+
+
+def _summary(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+
+
+def _due(sessions: sessionmaker[Session], job: str, settle: float) -> bool:
+    """A followed job's closing read repeats every `settle` seconds."""
+    with sessions() as session:
+        closed: datetime | None = session.execute(select(SCHEDULES.c.closed_at).where(
+            SCHEDULES.c.name == range_schedule_name(job))).scalar()
+    return closed is None or closed <= utcnow() - timedelta(seconds=settle)
+
+
+def _snapshot(sessions: sessionmaker[Session], job: str) -> _Snapshot:
+    with sessions() as session:
+        rows = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.fence).where(
+            WORK.c.kind == "range", WORK.c.job == job).order_by(WORK.c.lo)).all()
+    return _Snapshot([(r.part, r.lo, r.hi) for r in rows], len(rows),
+                     sum(int(r.fence) for r in rows))
+
+
+def _unchanged(session: Session, job: str, snapshot: _Snapshot) -> bool:
+    """Every partition of the snapshot is still finished under the same fence, none added."""
+    finished_now = case((WORK.c.status.in_((S.DONE, S.EMPTY)), 1), else_=0)
+    total, finished, fences = session.execute(select(
+        func.count(), func.coalesce(func.sum(finished_now), 0),
+        func.coalesce(func.sum(WORK.c.fence), 0)).where(
+        WORK.c.kind == "range", WORK.c.job == job)).one()
+    return (int(total), int(finished), int(fences)) == (
+        snapshot.finished, snapshot.finished, snapshot.fences)
+
+
+def _reopen(session: Session, job: str, snapshot: _Snapshot, found: list[int]) -> list[int]:
+    """The finished partitions holding `found` rows go back to pending. A row outside every
+    partition (committed after this round planned) is planned by the next round."""
+    los = [lo for _part, lo, _hi in snapshot.parts]
+    holding = set()
+    for row_id in found:
+        at = bisect.bisect_right(los, row_id) - 1
+        if at >= 0 and row_id <= snapshot.parts[at][2]:
+            holding.add(snapshot.parts[at][0])
+    if not holding:
+        return []
+    parts = sorted(holding)
+    session.execute(update(WORK).where(
+        WORK.c.kind == "range", WORK.c.job == job, WORK.c.part.in_(parts),
+        WORK.c.status.in_((S.DONE, S.EMPTY)))
+        .values(status=S.PENDING, finished_at=None, dispatched_at=None))
+    return parts
+
+
+def _end(sessions: sessionmaker[Session], run: Run, to: str, detail: str) -> str | None:
+    with writing(sessions) as session:
+        return _change(session, run, to, detail)
+
+
+def _change(session: Session, run: Run, to: str, detail: str) -> str | None:
+    """The run moves to `to` (compare-and-set); an ended run's job stops being reconciled."""
+    if not change_state(session, run, to):
+        return None
+    record(session, run.id, run.job, to, RECONCILER, detail)
+    if to in RunState.ENDED:
+        session.execute(update(SCHEDULES).where(
+            SCHEDULES.c.name == range_schedule_name(run.job)).values(active=False))
+    return to
