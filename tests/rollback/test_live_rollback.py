@@ -121,7 +121,7 @@ def test_revoke_terminate_of_a_saga_that_ignores_sigterm_leaves_it_to_complete_o
 
 def test_revoke_terminate_that_kills_the_saga_compensates_it_once(platform: Platform) -> None:
     platform.env["REMAP_SIGTERM"] = "SIGQUIT"
-    worker = platform.worker("remapped-quit", concurrency=2)
+    platform.worker("remapped-quit", concurrency=2)
     order = "o-remap-quit"
     result, child = _start(platform, order)
     # Under REMAP_SIGTERM, SIGQUIT is what ends a pool process; its journal lease lapses
@@ -188,8 +188,8 @@ def test_a_duplicate_delivery_that_hits_its_soft_limit_undoes_nothing_of_the_liv
     result, _ = _start(platform, order)
     duplicate = platform.client.send_task("tests.support.sagas.gated_saga", args=[order, 90],
                                           task_id=result.id, soft_time_limit=0.5)
-    worker_log = platform.procs[-1]
-    wait_until(lambda: "SoftTimeLimitExceeded" in worker_log.output(), 30,
+    worker = platform.procs[-1]
+    wait_until(lambda: "SoftTimeLimitExceeded" in worker.output(), 30,
                "the duplicate's soft time limit")
     assert platform.ledger(order) == ["reserve_stock", "charge"]
     _open_gate(platform, order)
