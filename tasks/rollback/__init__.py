@@ -41,7 +41,9 @@ What happens to a journal afterwards:
     fails for good, soft time limit  -> rollback(): compensations in reverse seq order
     task_retry                       -> rollback() of the failed attempt (ROLLBACK_ON_RETRY=1),
                                         or handed over to the next attempt (=0, see handover)
-    task_revoked(terminate=True)     -> a `tasks.rollback.rollback` task rolls it back
+    task_revoked(terminate=True)     -> a `tasks.rollback.rollback` task takes it over as the
+                                        sweeper would, once its lease is gone; a process that
+                                        ignored the signal runs on, and its own end decides
     hard time limit, SIGKILL, pause  -> no signal at all: the sweeper takes over every journal
     past the lease TTL, Redis loss      whose lease is gone, and rolls it back
 

@@ -107,7 +107,10 @@ def step(name: str, undo: str, data: dict[str, Any]) -> Iterator[int]:
 def rollback(task_id: str, reason: str) -> RollbackReport:
     """Compensate what execution `task_id` recorded, in reverse order, each step at most once.
 
-    Idempotent: a second call (here or in any process) finds nothing left and runs nothing.
+    For the journal's owner (the failure and retry handlers call it in the owning process):
+    it does not take the journal over. Any other process sends `tasks.rollback.rollback`,
+    which compensates only once the owner is gone, as the sweeper does.
+    Idempotent: a second call finds nothing left and runs nothing.
     Closes this process's ownership of the journal afterwards (state 'rolled_back'), if any.
     """
     found = journal()
@@ -118,10 +121,17 @@ def rollback(task_id: str, reason: str) -> RollbackReport:
 
 
 def rollback_now(task_id: str, reason: str) -> RollbackReport:
-    """Roll back at once, before Celery records the failure (e.g. on SoftTimeLimitExceeded).
+    """Roll back at once, before Celery records the failure (e.g. on SoftTimeLimitExceeded),
+    if this execution owns the journal; the later task_failure handler then finds nothing
+    left to do.
 
-    The later task_failure handler then finds nothing left to do.
+    An execution that never opened the journal (a duplicate delivery whose soft limit fired
+    while it waited for the journal lease of a live first delivery) undoes nothing: the
+    journal is the owner's, and the sweeper's once that owner is gone.
     """
+    found = _journal
+    if found is None or not found.holds(task_id):
+        return RollbackReport(task_id, reason)
     return rollback(task_id, reason)
 
 

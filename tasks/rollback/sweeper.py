@@ -6,6 +6,9 @@ lease is (and, for a journal handed over to a retry, its handover marker too); t
 a compare-and-set on its owners row, so an owner that is in fact alive is fenced out in the
 database and can neither add a step nor succeed. Retention: compensated and dead rows, and
 closed owners rows, are deleted JOURNAL_RETENTION seconds after their last change.
+
+`Sweeper.take_back` is the same decision for one journal: the `tasks.rollback.rollback` task
+uses it, so whatever signal or caller sends that task, it compensates only where a sweep would.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from tasks.db import affected, utcnow
 from tasks.keys import handover_key, journal_lease_name
 from tasks.metrics import record
 from tasks.retry import RetryPolicy
-from tasks.rollback.runner import COMPENSATION_POLICY, RollbackRunner
+from tasks.rollback.runner import COMPENSATION_POLICY, RollbackReport, RollbackRunner
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 
-__all__ = ["Candidate", "Sweeper", "sweep"]
+__all__ = ["Candidate", "Sweeper", "TakeBack", "sweep"]
 
 log = logging.getLogger("tasks.rollback")
 
@@ -41,6 +44,35 @@ class Candidate:
     upto: int = 0  # the newest row id when looked at (for closed journals)
 
 
+@dataclass(frozen=True)
+class TakeBack:
+    """What `Sweeper.take_back` did with one journal.
+
+    outcome: ROLLED_BACK (taken over by compare-and-set, or closed already, and its pending
+    steps compensated: `report`), OWNER_ALIVE (its journal lease or handover marker is held:
+    nothing done; `alive_for` is how long that claim lasts unless its owner renews it), or
+    NOTHING (no open journal and no pending step: it settled or was rolled back already).
+    """
+
+    ROLLED_BACK = "rolled_back"
+    OWNER_ALIVE = "owner_alive"
+    NOTHING = "nothing_to_do"
+
+    outcome: str
+    report: RollbackReport | None = None
+    alive_for: float = 0.0
+
+
+def _claim_left(state: str | None, lease_pttl: int, marker_pttl: int) -> float | None:
+    """Seconds the owner's claim on a journal lasts unless renewed, from the PTTLs of its
+    journal lease and its handover marker (-2: no such key); None: the owner may be gone."""
+    if lease_pttl != -2:
+        return max(lease_pttl, 0) / 1000
+    if state == OwnerState.HANDED_OVER and marker_pttl != -2:
+        return max(marker_pttl, 0) / 1000
+    return None
+
+
 class Sweeper:
     """Rolls back the journals on one database whose owner is gone (needs no Leases: it only
     looks whether a lease key exists)."""
@@ -50,16 +82,20 @@ class Sweeper:
         self.sessions = sessions
         self.runner = RollbackRunner(sessions, policy)
 
-    def candidates(self) -> list[Candidate]:
-        """Every open journal, and every closed one that still has pending rows."""
+    def candidates(self, task_id: str | None = None) -> list[Candidate]:
+        """Every open journal, and every closed one that still has pending rows (with
+        `task_id`, only that task's)."""
+        owned_q = (select(OWNERS.c.task_id, OWNERS.c.owner, OWNERS.c.state)
+                   .where(OWNERS.c.state.in_(OwnerState.OPEN)))
+        pending_q = (select(JOURNAL.c.task_id, func.max(JOURNAL.c.id))
+                     .where(JOURNAL.c.state.in_(JournalState.PENDING))
+                     .group_by(JOURNAL.c.task_id))
+        if task_id is not None:
+            owned_q = owned_q.where(OWNERS.c.task_id == task_id)
+            pending_q = pending_q.where(JOURNAL.c.task_id == task_id)
         with self.sessions() as session:
-            owned = session.execute(
-                select(OWNERS.c.task_id, OWNERS.c.owner, OWNERS.c.state)
-                .where(OWNERS.c.state.in_(OwnerState.OPEN))).all()
-            pending = session.execute(
-                select(JOURNAL.c.task_id, func.max(JOURNAL.c.id))
-                .where(JOURNAL.c.state.in_(JournalState.PENDING))
-                .group_by(JOURNAL.c.task_id)).all()
+            owned = session.execute(owned_q).all()
+            pending = session.execute(pending_q).all()
         found = {t: Candidate(t, owner, state) for t, owner, state in owned}
         for task_id, upto in pending:
             found.setdefault(task_id, Candidate(task_id, None, None, int(upto)))
@@ -70,16 +106,21 @@ class Sweeper:
         no handover marker either. Their snapshot is taken before Redis is asked, so rows a
         new owner writes after acquiring the lease are never among them."""
         found = self.candidates()
+        return [c for c, left in zip(found, self._claims(redis_client, found), strict=True)
+                if left is None]
+
+    @staticmethod
+    def _claims(redis_client: Any, found: list[Candidate]) -> list[float | None]:
+        """For each candidate, how long its owner's claim lasts (see `_claim_left`); one
+        round trip."""
         if not found:
             return []
         pipe = redis_client.pipeline(transaction=False)
         for c in found:
-            pipe.exists(lease_key(journal_lease_name(c.task_id)))
-            pipe.exists(handover_key(c.task_id))
-        alive = pipe.execute()
-        return [c for i, c in enumerate(found)
-                if not alive[2 * i]
-                and not (c.state == OwnerState.HANDED_OVER and alive[2 * i + 1])]
+            pipe.pttl(lease_key(journal_lease_name(c.task_id)))
+            pipe.pttl(handover_key(c.task_id))
+        ttls = pipe.execute()
+        return [_claim_left(c.state, ttls[2 * i], ttls[2 * i + 1]) for i, c in enumerate(found)]
 
     def take_over(self, c: Candidate) -> int | None:
         """Fence out the owner of an orphaned open journal; return the newest row id it wrote
@@ -110,6 +151,27 @@ class Sweeper:
                                           upto_id=upto)
             rolled += bool(report.steps)
         return rolled
+
+    def take_back(self, redis_client: Any, task_id: str, reason: str) -> TakeBack:
+        """Roll back the journal of `task_id` only where a sweep would: its owner's claim is
+        gone (no journal lease, no handover marker) and, if the journal is open, its owners
+        row was taken over by compare-and-set, which fences the owner out if it still runs.
+        A live owner's journal is left alone (OWNER_ALIVE)."""
+        for _ in range(3):
+            found = self.candidates(task_id)
+            if not found:
+                return TakeBack(TakeBack.NOTHING)
+            [left] = self._claims(redis_client, found)
+            if left is not None:
+                return TakeBack(TakeBack.OWNER_ALIVE, alive_for=left)
+            [c] = found
+            upto = self.take_over(c) if c.state in OwnerState.OPEN else c.upto
+            if upto is None:
+                continue  # it changed hands meanwhile (a sweep, a new delivery): look again
+            return TakeBack(TakeBack.ROLLED_BACK,
+                            self.runner.rollback(task_id, reason, upto_id=upto))
+        # Three lost compare-and-sets in a row: live processes keep taking it.
+        return TakeBack(TakeBack.OWNER_ALIVE)
 
     def prune(self, retention: float) -> tuple[int, int]:
         """Delete finished rows and closed owners rows older than `retention` seconds;

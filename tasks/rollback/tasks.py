@@ -6,7 +6,9 @@
     task_retry                       -> rollback() of the failed attempt (ROLLBACK_ON_RETRY=1),
                                         or handed over to the next attempt (=0)
     a retried attempt starts         -> task_prerun: it adopts the handed-over journal (=0)
-    task_revoked(terminate=True)     -> a `tasks.rollback.rollback` task rolls it back
+    task_revoked(terminate=True)     -> a `tasks.rollback.rollback` task rolls it back once its
+                                        journal lease is gone (the sweeper's takeover); a task
+                                        whose process ignored the signal runs on untouched
     a worker becomes ready           -> a `tasks.rollback.sweep` task (beat sends one every
                                         few seconds too)
 
@@ -16,6 +18,8 @@ it, and Celery imports `tasks.rollback` (tasks.app.TASK_MODULES).
 
 from __future__ import annotations
 
+import logging
+import math
 from datetime import datetime
 from typing import Any
 
@@ -29,10 +33,18 @@ from tasks.resources import resources_for
 from tasks.rollback.api import current, journal, rollback, rollback_now, settle
 from tasks.rollback.errors import JournalLost
 from tasks.rollback.journals import carries_over, rollback_on_retry
-from tasks.rollback.sweeper import sweep
+from tasks.rollback.sweeper import Sweeper, TakeBack, sweep
 from tasks.validate import text_arg
 
-__all__ = ["HOOKS", "rollback_task", "sweep_task"]
+__all__ = ["HOOKS", "ROLLBACK_LOOKS", "rollback_task", "sweep_task"]
+
+log = logging.getLogger("tasks.rollback")
+
+# How many times the rollback task looks at a journal whose lease is held before it leaves it
+# to its owner. A dead owner's lease lapses within LEASE_TTL, so the second look (just past
+# the lease's PTTL) finds it gone; the third absorbs clock skew between the workers that
+# send and run the retry. A lease still held then is being renewed: its owner lives.
+ROLLBACK_LOOKS = 3
 
 # A task whose journal was taken over fails, and is never retried: a retry would run again
 # what the sweeper is undoing.
@@ -47,13 +59,37 @@ def sweep_task() -> int:
     return sweep(res.sessions, res.redis, retention=settings.journal_retention)
 
 
-@app.task(name="tasks.rollback.rollback", soft_time_limit=240, time_limit=300, acks_late=True)
-def rollback_task(task_id: str, reason: str) -> dict[str, Any]:
-    """Roll back `task_id` in a pool process (sent when a running task was terminated)."""
+@app.task(name="tasks.rollback.rollback", bind=True, soft_time_limit=240, time_limit=300,
+          acks_late=True, max_retries=ROLLBACK_LOOKS - 1)
+def rollback_task(self: Task, task_id: str, reason: str) -> dict[str, Any]:
+    """Roll back the saga `task_id` once its owner is gone, as the sweeper would.
+
+    Sent by the worker when a running task was terminated (`revoke(terminate=True)`), or by
+    an operator (`celery -A tasks call tasks.rollback.rollback --args '["ID", "why"]'`). A
+    terminate signal does not say the process died (a pool process may ignore it, e.g. under
+    REMAP_SIGTERM), so while the journal lease is held this task retries just past its
+    expiry, ROLLBACK_LOOKS looks in all, without holding a pool process. Then it takes the
+    journal over by compare-and-set (the owner, if it still runs, is fenced: it fails with
+    JournalLost) and compensates; or, the lease being renewed, it compensates nothing and
+    says so (`outcome` "owner_alive"): the saga's own end decides, and the sweeper rolls it
+    back if its process dies later.
+    """
     task_id = text_arg("task_id", task_id, max_len=255)
     reason = text_arg("reason", reason, max_len=1000)
-    report = journal().rollback(task_id, reason)
-    return {"task_id": task_id, "compensated": report.compensated, "dead": report.dead}
+    res = resources_for(settings)
+    found = Sweeper(res.sessions).take_back(res.redis, task_id, reason)
+    if found.outcome == TakeBack.OWNER_ALIVE:
+        if self.request.retries < ROLLBACK_LOOKS - 1:
+            # Whole seconds: RabbitMQ quorum queues delay messages in whole seconds only.
+            raise self.retry(countdown=max(1, math.ceil(
+                found.alive_for + settings.lease_ttl / 4)))
+        log.warning("rollback of %s (%s) not done: its journal lease is still held, renewed "
+                    "by a live process; its own outcome decides, and the sweeper rolls it back "
+                    "if that process dies", task_id, reason)
+    report = found.report
+    return {"task_id": task_id, "outcome": found.outcome,
+            "compensated": report.compensated if report else [],
+            "dead": report.dead if report else []}
 
 
 def _request_id(request: Any) -> str | None:
@@ -111,10 +147,11 @@ def _on_retry(request: Any = None, reason: object = None, **_: Any) -> None:
 
 @task_revoked.connect
 def _on_revoked(request: Any = None, terminated: bool = False, **_: Any) -> None:
-    # Runs in the worker's main process, which holds no journal: the killed pool process did.
+    # Runs in the worker's main process, which holds no journal: the pool process did.
     # A task revoked before it started recorded nothing in this delivery (what an earlier
     # delivery left is the sweeper's), so only a terminated one needs a rollback; it runs
-    # as a task, off the main process's event loop.
+    # as a task, off the main process's event loop. `terminated` only says the signal was
+    # sent: the task compensates once the journal lease is gone, never while it is renewed.
     task_id = _request_id(request)
     if terminated and task_id:
         rollback_task.apply_async((task_id, "revoked (terminated)"))

@@ -1,7 +1,7 @@
 """Saga variants the rollback tests and demos run on real workers: one sleeps (and may take one
-more step after it), one outlives its soft limit, one hits it, one retries, one hands its
-journal over to a retry on another queue. Registered when EXTRA_TASK_MODULES names this
-module (the tests do).
+more step after it), one waits at a gate the test opens, one outlives its soft limit, one hits
+it, one retries, one hands its journal over to a retry on another queue. Registered when
+EXTRA_TASK_MODULES names this module (the tests do).
 
     EXTRA_TASK_MODULES=tests.support.sagas celery -A tasks worker
     celery -A tasks call tests.support.sagas.sleepy_saga --args '["o-1", 60]'
@@ -13,13 +13,27 @@ import time
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from tasks.app import app
+from tasks.app import app, settings
 from tasks.base import PlatformTask
 from tasks.examples.saga import STEPS, check_order, ledger, run_steps
+from tasks.resources import resources_for
 from tasks.retry import RetryPolicy
 from tasks.validate import InvalidArguments, text_arg
 
-__all__ = ["handover_saga", "retrying_saga", "sleepy_saga", "slow_saga", "stubborn_saga"]
+__all__ = ["GATE_PREFIX", "GateClosed", "gate_key", "gated_saga", "handover_saga",
+           "retrying_saga", "sleepy_saga", "slow_saga", "stubborn_saga"]
+
+# saga-gate:{ORDER} -> "1" once the test lets a gated saga ship. Owner: the tests that set it,
+# with a TTL of their choosing.
+GATE_PREFIX = "saga-gate:"
+
+
+class GateClosed(Exception):
+    """A gated saga's gate stayed closed for as long as it was told to wait."""
+
+
+def gate_key(order_id: str) -> str:
+    return f"{GATE_PREFIX}{{{order_id}}}"
 
 
 def _seconds(value: object, most: float = 120.0) -> float:
@@ -39,6 +53,24 @@ def sleepy_saga(order_id: str, seconds: float, then_ship: bool = False) -> list[
     time.sleep(seconds)
     if then_ship:
         run_steps(order_id, None, STEPS[2:])
+    return ledger(order_id)
+
+
+@app.task(name="tests.support.sagas.gated_saga", base=PlatformTask, soft_time_limit=100,
+          time_limit=110)
+def gated_saga(order_id: str, seconds: float) -> list[str]:
+    """Reserve and charge, then wait until the order's gate opens (at most `seconds`, then
+    GateClosed), then ship: a test holds the saga alive for exactly as long as it needs."""
+    order_id, _ = check_order(order_id)
+    seconds = _seconds(seconds)
+    run_steps(order_id, None, STEPS[:2])
+    client = resources_for(settings).redis
+    deadline = time.monotonic() + seconds
+    while not client.exists(gate_key(order_id)):
+        if time.monotonic() > deadline:
+            raise GateClosed(f"order {order_id}: the gate stayed closed for {seconds:g}s")
+        time.sleep(0.05)
+    run_steps(order_id, None, STEPS[2:])
     return ledger(order_id)
 
 
