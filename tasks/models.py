@@ -19,6 +19,7 @@ from typing import cast
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Index,
     Integer,
     String,
     Table,
@@ -70,7 +71,10 @@ class WorkItem(Base):
     """
 
     __tablename__ = "work_items"
-    __table_args__ = (UniqueConstraint("kind", "job", "part", name="uq_work_items_job_part"),)
+    # The index on status answers "is any partition of the job still open?" without reading
+    # every finished one (a holder asks it as it finishes; migration 0012).
+    __table_args__ = (UniqueConstraint("kind", "job", "part", name="uq_work_items_job_part"),
+                      Index("ix_work_items_job_status", "kind", "job", "status"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     kind: Mapped[str] = mapped_column(String(32), default="range")

@@ -60,7 +60,7 @@ from tasks.ranges.runs import (
 )
 from tasks.ranges.skips import quarantined_of_job
 
-__all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT"]
+__all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT", "nothing_open"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -88,6 +88,14 @@ class _Snapshot:
     parts: list[Any]  # (part, lo, hi) ordered by lo
     finished: int
     fences: int
+
+
+def nothing_open(sessions: sessionmaker[Session], job: str) -> bool:
+    """No partition of `job` is pending, running or paused (its closing round may begin)."""
+    with sessions() as session:
+        return session.execute(select(WORK.c.part).where(
+            WORK.c.kind == "range", WORK.c.job == job,
+            WORK.c.status.in_((*S.OPEN, S.PAUSED))).limit(1)).first() is None
 
 
 def closing_read(session: Session, job: RangeJob) -> list[int]:

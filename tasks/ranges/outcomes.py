@@ -23,7 +23,7 @@ class Outcome:
     HANDED_OVER = "handed-over"  # stopped early on purpose; back to pending
     FENCED_OUT = "fenced-out"  # a newer holder took over; nothing of ours was written
     LOST = "lost"  # the lease was lost between batches; back to pending
-    UNAVAILABLE = "db-unavailable"  # the database stayed away; left running for a takeover
+    UNAVAILABLE = "db-unavailable"  # the database stayed away; handed back (no crash)
     REDIS_UNAVAILABLE = "redis-unavailable"  # Redis was away; back to pending if possible
     PAUSED = S.PAUSED  # the job was paused or cancelled: stopped at a batch boundary
     # Stopped at a batch boundary to adopt a partition whose holder died (back to pending and

@@ -44,8 +44,8 @@ from tasks.ranges.jobs import RangeJob
 from tasks.ranges.planning import StoredPlan, plan_after
 from tasks.ranges.runs import current_run, enforce
 
-__all__ = ["Round", "schedule_name", "activate", "reconcile_job", "active_jobs",
-           "repair_inactive"]
+__all__ = ["Round", "schedule_name", "activate", "activate_in", "reconcile_job",
+           "active_jobs", "repair_inactive", "due_now"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -98,6 +98,14 @@ def _schedule_on(session: Session, job: str) -> None:
     if not updated:
         session.execute(insert(SCHEDULES).values(
             name=name, term=0, next_run_at=now, active=True, updated_at=now))
+
+
+def due_now(sessions: sessionmaker[Session], job: str) -> None:
+    """The job's next round may run at once (an active job only: an ended run stays ended)."""
+    with sessions.begin() as session:
+        session.execute(update(SCHEDULES).where(SCHEDULES.c.name == schedule_name(job),
+                                                SCHEDULES.c.active.is_(True))
+                        .values(next_run_at=utcnow()))
 
 
 def active_jobs(sessions: sessionmaker[Session]) -> list[str]:

@@ -19,12 +19,20 @@ from typing import Any
 
 from celery import Task
 from redis.exceptions import RedisError
+from sqlalchemy.exc import OperationalError
 
 from tasks.app import app, settings
 from tasks.lifecycle import shutdown_requested
+from tasks.ranges.closing import nothing_open
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
-from tasks.ranges.reconciler import Round, active_jobs, reconcile_job, repair_inactive
+from tasks.ranges.reconciler import (
+    Round,
+    active_jobs,
+    due_now,
+    reconcile_job,
+    repair_inactive,
+)
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.resources import resources_for
 from tasks.validate import InvalidArguments
@@ -128,6 +136,19 @@ def reconcile() -> list[dict[str, Any]]:
     return [_report(_round(name)) for name in names]
 
 
+def _close_if_last(job: str) -> None:
+    """The holder of the job's last open partition runs the closing round now, instead of
+    leaving it to beat's next round (up to RECONCILE_INTERVAL later). Best effort: beat's
+    round does the same if this one is overtaken or Redis or the database is away."""
+    sessions = resources_for(settings).sessions
+    try:
+        if nothing_open(sessions, job):
+            due_now(sessions, job)
+            _round(job)
+    except (RedisError, OSError, OperationalError) as exc:
+        log.info("range %s: closing round left to beat (%s)", job, type(exc).__name__)
+
+
 @app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True)
 def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
     """Work partition `part` of `job` under its lease (a duplicate delivery exits at once)."""
@@ -163,6 +184,8 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
         outcome = runner.run()
         if outcome in (Outcome.HANDED_OVER, Outcome.YIELDED):
             _dispatch(found.name, number)
+        elif outcome in (Outcome.DONE, Outcome.EMPTY):
+            _close_if_last(found.name)
         return runner, outcome
 
     # One adoption per task, and only while two time slices fit in its soft time limit.

@@ -1,4 +1,5 @@
-"""Range runs end on a closing round: when the job's last closing read began.
+"""Range runs end on a closing round: when the job's last closing read began, and an index
+that tells whether any partition of a job is still open.
 
 Revision ID: 0012
 Revises: 0011
@@ -15,8 +16,10 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("schedules", sa.Column("closed_at", sa.DateTime(), nullable=True))
+    op.create_index("ix_work_items_job_status", "work_items", ["kind", "job", "status"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_work_items_job_status", "work_items")
     with op.batch_alter_table("schedules") as batch:
         batch.drop_column("closed_at")
