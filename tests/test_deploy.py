@@ -14,6 +14,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -221,3 +222,62 @@ def test_the_prestop_hook_hands_a_stubborn_task_back_within_the_grace_period(
         worker.stop()
         app.close()
     assert took < 2 * soft + HANDOVER_SECONDS + 10, f"the worker took {took:.1f}s to stop"
+
+
+def probe_commands() -> dict[str, tuple[list[str], float]]:
+    """Every k8s exec probe and compose health check that runs one of this project's entry
+    points: its command as written (argv, or `sh -c` for a shell line) and its timeout."""
+    found: dict[str, tuple[list[str], float]] = {}
+    for name, container in containers().items():
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = container.get(kind, {})
+            if "exec" in probe and probe_argv(probe)[0] in ("celery", "python"):
+                found[f"k8s {name} {kind}"] = (probe["exec"]["command"],
+                                               float(probe.get("timeoutSeconds", 1)))
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in spec["services"].items():
+        test = service.get("healthcheck", {}).get("test", [])
+        argv = test[1:] if test[:1] == ["CMD"] else ["sh", "-c", test[1]] if test else []
+        words = shlex.split(argv[2]) if argv[:2] == ["sh", "-c"] else argv
+        if words and words[0] in ("celery", "python") and "urllib" not in " ".join(words):
+            timeout = float(service["healthcheck"].get("timeout", "30s").rstrip("s"))
+            found[f"compose {name}"] = (argv, timeout)
+    return found
+
+
+def _run_probe(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(env, PATH=f"{bin_dir}:{env.get('PATH', '')}", HOSTNAME="probe-host")
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout + 10)
+    assert time.monotonic() - started < timeout, f"{argv} ran past its timeout ({timeout}s)"
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def test_the_probes_run_a_command_that_fails_when_redis_or_the_database_is_away(
+    worker_env: dict[str, str]
+) -> None:
+    """Issue 18 item 11: every probe command that reaches Redis exits non-zero with one clear
+    line when REDIS_URL is a closed port; every one that reads the database, when DATABASE_URL
+    cannot be reached (a worker's probes never read it: a database outage must not restart
+    every worker)."""
+    from tests.support.redis_server import free_port
+
+    probes = probe_commands()
+    assert {"k8s beat readinessProbe", "k8s console readinessProbe", "compose beat",
+            "k8s worker readinessProbe", "k8s control readinessProbe"} <= set(probes)
+    fresh_database(worker_env["DATABASE_URL"]).dispose()
+    no_redis = dict(worker_env, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    no_db = dict(worker_env, DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:"
+                                          f"{free_port()}/rangekeeper")
+    for name, (argv, timeout) in probes.items():
+        code, out = _run_probe(argv, no_redis, timeout)
+        assert code != 0, f"{name}: exit 0 with Redis away\n{out[-1000:]}"
+        last = out.splitlines()[-1]
+        assert "Redis" in last or "broker" in last, f"{name}: {out[-1000:]}"
+        assert "Traceback" not in out, f"{name}: {out[-2000:]}"
+        if "tasks" in argv and "status" in argv:
+            code, out = _run_probe(argv, no_db, timeout)
+            assert code != 0 and "Traceback" not in out, f"{name}: {out[-1000:]}"
+            assert out.splitlines()[-1].startswith("cannot use DATABASE_URL="), out[-1000:]
