@@ -333,3 +333,22 @@ def test_behind_a_trusted_proxy_https_makes_cookies_secure_and_its_client_addres
     finally:
         proc.stop()
     wait_until(lambda: proc.popen.poll() is not None, 5, "the console stopped")
+
+
+def test_without_redis_the_console_fails_closed(tmp_path: Path) -> None:
+    """Sessions and login limits live in Redis: with REDIS_URL away nobody logs in (503), and
+    nothing behind the login answers."""
+    from tests.support.redis_server import free_port
+
+    env = console_env(tmp_path / "c.sqlite", CONSOLE_SECRET=SECRET,
+                      REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    proc, base = start_console(env)
+    try:
+        client = Browserless(base)
+        refused = client.login()
+        assert refused.status == 503 and "Redis does not answer" in refused.body
+        forged = _forged(base, SECRET, {"sid": "any"})
+        assert forged.request("/api/jobs").status == 503
+        assert client.request("/api/jobs").status == 401
+    finally:
+        proc.stop()
