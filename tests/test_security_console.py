@@ -352,3 +352,14 @@ def test_without_redis_the_console_fails_closed(tmp_path: Path) -> None:
         assert client.request("/api/jobs").status == 401
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize(("address", "counted"), [
+    ("203.0.113.9", "203.0.113.9"),
+    ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:ffff::1", "2001:db8:1:2::/64"),
+])
+def test_an_ipv6_client_is_counted_by_its_64(address: str, counted: str) -> None:
+    from tasks.console.logins import client_key
+
+    assert client_key(address) == counted

@@ -54,7 +54,10 @@ class Attempt:
 def client_key(address: str) -> str:
     """The address login limits count: an IPv4 address, or an IPv6 address's /64 (one host
     usually holds a whole /64)."""
-    ip = ipaddress.ip_address(address)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:  # not an IP (a Unix socket's peer): counted as given, bounded
+        return address[:64]
     if ip.version == 6:
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     return str(ip)
