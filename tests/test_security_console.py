@@ -363,3 +363,44 @@ def test_an_ipv6_client_is_counted_by_its_64(address: str, counted: str) -> None
     from tasks.console.logins import client_key
 
     assert client_key(address) == counted
+
+
+def test_the_back_off_doubles_up_to_its_cap_and_every_key_has_a_ttl(
+    redis_client: redis.Redis
+) -> None:
+    """login.lua on a real Redis: lockouts of an address, then of its user, double from the
+    first back-off (each plus the failure delay) up to MAX_BACKOFF; a locked-out attempt counts
+    nothing; every key expires; a success deletes them all."""
+    from tasks.console.keys import login_keys
+    from tasks.console.logins import (
+        FAILURE_DELAY,
+        FREE_PER_ADDRESS,
+        FREE_PER_USER,
+        LOGIN_WINDOW,
+        MAX_BACKOFF,
+        LoginLimiter,
+    )
+
+    limiter = LoginLimiter(redis_client)
+    keys = login_keys("someone", "198.51.100.7")
+    rounds = FREE_PER_USER + 3
+    lockouts = []
+    for _ in range(rounds):
+        attempt = limiter.attempt("someone", "198.51.100.7")
+        assert attempt.allowed
+        lockouts.append((attempt.address_lockout, attempt.user_lockout))
+        if lockouts[-1] != (0.0, 0.0):
+            refused = limiter.attempt("someone", "198.51.100.7")
+            assert not refused.allowed
+            assert 0 < refused.retry_after <= max(lockouts[-1]) + FAILURE_DELAY
+            assert redis_client.pttl(keys[3]) > 0
+            redis_client.delete(keys[2], keys[3])  # the lockouts run out
+    doubling = [5.0 * 2**i for i in range(rounds)]
+    assert [a for a, _ in lockouts] == [0.0] * (FREE_PER_ADDRESS - 1) + [
+        min(d, MAX_BACKOFF) for d in doubling[:rounds - FREE_PER_ADDRESS + 1]]
+    assert [u for _, u in lockouts] == [0.0] * (FREE_PER_USER - 1) + doubling[:4]
+    assert int(redis_client.get(keys[1]) or 0) == rounds  # refused attempts were not counted
+    for key in keys[:2]:
+        assert 0 < redis_client.ttl(key) <= LOGIN_WINDOW
+    limiter.succeeded("someone", "198.51.100.7")
+    assert redis_client.exists(*keys) == 0
