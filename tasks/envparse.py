@@ -9,7 +9,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 from typing import TypeVar
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -19,7 +19,8 @@ from tasks import redisconn
 __all__ = [
     "SettingsError", "redact", "url", "url_list", "check", "cluster_nodes", "db_zero", "flag",
     "database_url", "modules", "one_of", "at_least", "positive", "port", "address",
-    "sentinel_master", "queue", "secret", "SSL_CERT_REQS",
+    "sentinel_master", "queue", "secret", "SSL_CERT_REQS", "shipped", "SHIPPED_VALUES",
+    "url_password", "networks",
 ]
 
 T = TypeVar("T")
@@ -52,6 +53,43 @@ def redact(url: str) -> str:
     return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
 
 
+# Credentials that ship in this repository's examples (deploy/, docker-compose.yml, the README,
+# before issue 18 the k8s Secret) or are the usual placeholders: public, so never a secret.
+# Compared case-insensitively; a value containing one of the markers is refused too.
+SHIPPED_VALUES = frozenset({
+    "change-me", "changeme", "change-me-to-32-random-bytes-or-more-0123456789",
+    "a long password", "pw", "password", "secret", "admin", "rangekeeper",
+})
+_PLACEHOLDER_MARKERS = ("change-me", "changeme", "change_me", "replace-me", "replaceme",
+                        "replace_me", "placeholder", "your-password", "your-secret")
+
+
+def shipped(value: str) -> bool:
+    """Whether `value` is a credential anyone can read: shipped in this repository's examples
+    or a known placeholder (`SHIPPED_VALUES`, or containing a placeholder marker)."""
+    folded = value.strip().lower()
+    return folded in SHIPPED_VALUES or any(m in folded for m in _PLACEHOLDER_MARKERS)
+
+
+def url_password(url: str) -> str | None:
+    """The password in `url`'s authority (percent-decoded), or None; parsed like `redact`
+    (the authority ends at the last `@`)."""
+    _, sep, rest = url.partition("://")
+    userinfo, at, _ = rest.rpartition("@")
+    if not (sep and at and ":" in userinfo):
+        return None
+    return unquote(userinfo.split(":", 1)[1])
+
+
+def _refuse_shipped_password(name: str, raw: str) -> None:
+    for one in raw.split(";"):  # a sentinel:// list
+        password = url_password(one)
+        if password is not None and shipped(password):
+            raise SettingsError(
+                f"{name}={redact(raw)!r} has a password shipped with rangekeeper's examples "
+                "(or a known placeholder): anyone can read it; set the real one")
+
+
 def url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
     """A URL whose scheme is one of `schemes` (rediss:// must say how to check certificates)."""
     def parse(name: str, raw: str) -> str:
@@ -68,6 +106,7 @@ def url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
             _check_ssl_cert_reqs(name, raw)
         if scheme == "sentinel":
             check(name, raw, redisconn.parse_sentinel_url)
+        _refuse_shipped_password(name, raw)
         return raw
 
     return parse
@@ -137,6 +176,7 @@ def database_url(name: str, raw: str) -> str:
         make_url(raw)
     except ArgumentError as exc:
         raise SettingsError(f"{name}={redact(raw)!r} is not a SQLAlchemy URL: {exc}") from None
+    _refuse_shipped_password(name, raw)
     return raw
 
 
@@ -203,6 +243,18 @@ def address(name: str, raw: str) -> str:
         return str(ipaddress.ip_address(raw))
     except ValueError:
         raise SettingsError(f"{name}={raw!r} must be an IP address (e.g. 127.0.0.1)") from None
+
+
+def networks(name: str, raw: str) -> tuple[str, ...]:
+    """A comma-separated list of IP addresses or networks (`10.0.0.0/8`), no empty entry."""
+    found = []
+    for part in (p.strip() for p in raw.split(",")):
+        try:
+            found.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise SettingsError(f"{name}: {part[:64]!r} is not an IP address or network "
+                                "(e.g. 10.0.0.7 or 10.0.0.0/8)") from None
+    return tuple(found)
 
 
 def sentinel_master(name: str, raw: str) -> str:

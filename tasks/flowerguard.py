@@ -6,6 +6,8 @@ elsewhere (a systemd unit, another checkout) used to serve every page, task argu
 package every `celery -A tasks` process imports:
 
 - no basic-auth credentials (FLOWER_BASIC_AUTH=user:password) -> Flower refuses to start;
+- a password shipped in this repository's examples or a known placeholder (`admin:change-me`,
+  issue 18 item 9) -> Flower refuses to start: anyone can read it;
 - no address given (FLOWER_ADDRESS or --address) -> it listens on 127.0.0.1 only, because
   Flower's `/metrics` and `/healthcheck` bypass basic auth.
 
@@ -20,18 +22,33 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["install", "check_options", "FLOWER_DEFAULT_ADDRESS", "REFUSAL"]
+__all__ = ["install", "check_options", "check_basic_auth", "FLOWER_DEFAULT_ADDRESS", "REFUSAL",
+           "SHIPPED_REFUSAL"]
 
 FLOWER_DEFAULT_ADDRESS = "127.0.0.1"
 REFUSAL = ("FLOWER_BASIC_AUTH must be set to user:password before starting Flower "
            "(Flower is never started without authentication)")
+SHIPPED_REFUSAL = ("FLOWER_BASIC_AUTH has a password shipped with rangekeeper's examples (or a "
+                   "known placeholder): anyone can read it; set a password of your own, e.g. "
+                   "python -c 'import secrets; print(secrets.token_urlsafe(24))'")
+
+
+def check_basic_auth(credentials: list[str] | None) -> None:
+    """SystemExit (REFUSAL) unless every entry is `user:password`; SystemExit
+    (SHIPPED_REFUSAL) when a password is a shipped or placeholder value."""
+    from tasks.envparse import shipped
+
+    found = [c for c in (credentials or []) if c and ":" in c]
+    if not found or len(found) != len(credentials or []):
+        raise SystemExit(REFUSAL)
+    if any(shipped(c.split(":", 1)[1]) for c in found):
+        raise SystemExit(SHIPPED_REFUSAL)
 
 
 def check_options(options: Any) -> None:
-    """Refuse Flower options without basic auth; default the address to loopback."""
-    credentials = [c for c in (options.basic_auth or []) if c and ":" in c]
-    if not credentials or len(credentials) != len(options.basic_auth):
-        raise SystemExit(REFUSAL)
+    """Refuse Flower options without basic auth or with a shipped password; default the
+    address to loopback."""
+    check_basic_auth(options.basic_auth)
     if not options.address and not options.unix_socket:
         options.address = FLOWER_DEFAULT_ADDRESS
 

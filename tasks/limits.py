@@ -7,6 +7,12 @@
   that is larger is not decoded nor run. Its task fails with `MessageTooLarge` in the result
   backend, a dead letter (kind `oversized-message`) keeps its task name, id, size and a short
   prefix, and the message is acknowledged: it would be refused again on every redelivery.
+- **Compressed on receipt** (`LimitedAMQP.TaskConsumer`, issue 18 item 8): kombu inflates the
+  body of a message with a `compression` header while it builds the message, before the
+  strategy runs, so 64 KB of zlib on the wire used to become 64 MB in the worker's main
+  process. The task consumer's process inflates every received body with `inflate_bounded`,
+  which stops after MAX_MESSAGE_BYTES + 1 bytes; a body that goes past (or that uses a
+  compression with no bounded decompressor) is refused the same way, unread past the limit.
 
 - **In results** (`bounded_backend`, the result backend the app builds): with
   `result_extended` a stored result repeats the call's arguments, and a failure stores its
@@ -26,10 +32,15 @@ argument never becomes a 1 MB error, result, dead letter or log line.
 
 from __future__ import annotations
 
+import bz2
 import logging
+import lzma
 import traceback
+import zlib
+from collections.abc import Callable
 from typing import Any
 
+import kombu.message
 from celery.app.amqp import AMQP
 from celery.worker.strategy import default as default_strategy
 from kombu.utils.json import dumps
@@ -39,9 +50,9 @@ from tasks.resources import resources_for
 from tasks.settings import load_settings
 from tasks.validate import InvalidArguments, quote
 
-__all__ = ["MessageTooLarge", "LimitedAMQP", "strategy", "OVERSIZED_KIND", "check_size",
-           "bounded_backend", "RESULT_TEXT_LIMIT", "BoundedLines", "LOG_LINE_LIMIT",
-           "bound_log_handlers"]
+__all__ = ["MessageTooLarge", "InflatesTooLarge", "UnboundedCompression", "LimitedAMQP",
+           "strategy", "OVERSIZED_KIND", "check_size", "inflate_bounded", "bounded_backend",
+           "RESULT_TEXT_LIMIT", "BoundedLines", "LOG_LINE_LIMIT", "bound_log_handlers"]
 
 log = logging.getLogger("tasks.limits")
 
@@ -57,8 +68,29 @@ LOG_LINE_LIMIT = 2000
 OVERSIZED_KIND = "oversized-message"
 
 
+# kombu's compressions (its names and aliases) that a worker inflates, each with a streaming
+# decompressor that can stop at a given output size. Anything else is refused unread.
+_DECOMPRESSORS: dict[str, Callable[[], Any]] = {
+    "application/x-gzip": zlib.decompressobj,
+    "application/x-bz2": bz2.BZ2Decompressor,
+    "application/x-lzma": lzma.LZMADecompressor,
+}
+_COMPRESSION_ALIASES = {"gzip": "application/x-gzip", "zlib": "application/x-gzip",
+                        "bzip2": "application/x-bz2", "bzip": "application/x-bz2",
+                        "lzma": "application/x-lzma", "xz": "application/x-lzma"}
+
+
 class MessageTooLarge(InvalidArguments):
     """A task message exceeds MAX_MESSAGE_BYTES; it was not sent (or not run)."""
+
+
+class InflatesTooLarge(MessageTooLarge):
+    """A compressed message inflates past MAX_MESSAGE_BYTES; it was not inflated further."""
+
+
+class UnboundedCompression(MessageTooLarge):
+    """A message uses a compression this worker cannot inflate within MAX_MESSAGE_BYTES; it
+    was not inflated at all."""
 
 
 def _limit(app: Any) -> int:
@@ -92,6 +124,83 @@ class LimitedAMQP(AMQP):  # type: ignore[misc]
 
         return send_task_message
 
+    def TaskConsumer(self, channel: Any, queues: Any = None, accept: Any = None,
+                     **kw: Any) -> Any:
+        """Celery's task consumer, in a process whose received bodies inflate at most
+        MAX_MESSAGE_BYTES, refusing a compressed message that would inflate past it."""
+        _install_inflate_limit(self.app)
+        kw["on_decode_error"] = _refusing_decode_errors(self.app, kw.get("on_decode_error"))
+        return super().TaskConsumer(channel, queues, accept, **kw)
+
+
+def inflate_bounded(body: Any, compression: str, limit: int) -> bytes:
+    """`body` inflated with `compression` (a kombu name or alias), or `InflatesTooLarge` as soon
+    as more than `limit` bytes come out: at most `limit` + 1 bytes are ever produced.
+
+    Concatenated bz2 and lzma streams are inflated one after another (as `bz2.decompress`
+    does); zlib ignores what follows its stream (as `zlib.decompress` does). A truncated
+    stream raises the decompressor's own error (EOFError)."""
+    kind = _COMPRESSION_ALIASES.get(compression, compression)
+    factory = _DECOMPRESSORS.get(kind)
+    data = body.encode() if isinstance(body, str) else bytes(body)
+    if factory is None:
+        raise UnboundedCompression(
+            f"compression {quote(compression)} cannot be inflated within MAX_MESSAGE_BYTES "
+            f"({limit:,}): message of {len(data):,} bytes refused unread")
+    out = bytearray()
+    while True:
+        stream = factory()
+        out += stream.decompress(data, limit + 1 - len(out))
+        if len(out) > limit:
+            raise InflatesTooLarge(
+                f"compressed message ({kind}, {len(body):,} bytes) exceeds MAX_MESSAGE_BYTES "
+                f"({limit:,}) once inflated; refused before inflating further")
+        if not stream.eof:
+            raise EOFError(f"compressed message ({kind}) ends before its end-of-stream marker")
+        data = stream.unused_data
+        if not data or kind == "application/x-gzip":
+            return bytes(out)
+
+
+def _install_inflate_limit(app: Any) -> None:
+    """Every message this process receives is inflated by `inflate_bounded` (idempotent).
+
+    kombu's `Message.__init__` calls the `decompress` of its own module, so only received
+    messages are bounded: results (`celery.backends.base` imports its own) are not."""
+    current = kombu.message.decompress
+    if getattr(current, "__wrapped__", None) is not None:
+        return
+
+    def decompress(body: Any, content_type: str) -> Any:
+        limit = _limit(app)
+        return inflate_bounded(body, content_type, limit) if limit else current(
+            body, content_type)
+
+    decompress.__wrapped__ = current  # type: ignore[attr-defined]
+    setattr(kombu.message, "decompress", decompress)  # noqa: B010
+
+
+def _refusing_decode_errors(app: Any, fallback: Any) -> Callable[[Any, Exception], None]:
+    """A task consumer's `on_decode_error`: a compressed message refused for its size is
+    dead-lettered like an oversized one; any other decode error goes to `fallback` (Celery's
+    own: logged, acknowledged)."""
+    def on_decode_error(message: Any, exc: Exception) -> None:
+        if not isinstance(exc, MessageTooLarge):
+            if fallback is None:
+                raise exc
+            fallback(message, exc)
+            return
+        headers = message.headers or {}
+        name = str(headers.get("task") or "unknown task")
+        task = app.tasks.get(name)
+        raw = message.body
+        _refuse(name, task.backend if task is not None else app.backend, app, message,
+                MessageTooLarge(f"task {quote(name)}: {exc}"),
+                {"bytes": len(raw) if isinstance(raw, bytes | str) else 0,
+                 "compression": str(headers.get("compression"))[:64]})
+
+    return on_decode_error
+
 
 def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """Celery's default strategy, refusing oversized messages before they are decoded."""
@@ -103,32 +212,35 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
         raw = message.body
         size = len(raw) if isinstance(raw, bytes | str) else 0
         if limit and size > limit:
-            _refuse(task, app, message, size, limit)
+            prefix = raw[:64]
+            try:
+                check_size(task.name, size, limit, prefix)
+            except MessageTooLarge as exc:
+                _refuse(task.name, task.backend, app, message, exc, {"bytes": size})
             return None
         return handler(message, body, ack, reject, callbacks, **more)
 
     return task_message_handler
 
 
-def _refuse(task: Any, app: Any, message: Any, size: int, limit: int) -> None:
+def _refuse(name: str, backend: Any, app: Any, message: Any, error: MessageTooLarge,
+            facts: dict[str, Any]) -> None:
+    """Log, dead-letter (OVERSIZED_KIND, with `facts` and a short prefix of the body), fail the
+    task in the result backend, and acknowledge: it would be refused on every redelivery."""
     headers = message.headers or {}
     task_id = str(headers.get("id") or "")
     raw = message.body
     prefix = raw[:64] if isinstance(raw, bytes | str) else b""
-    try:
-        check_size(task.name, size, limit, prefix)
-    except MessageTooLarge as exc:
-        error = exc
-    log.error("refused task %s[%s]: %s", task.name, task_id, error)
+    log.error("refused task %s[%s]: %s", name, task_id, error)
     try:
         # The app's settings (PlatformCelery carries them): limits is imported by the app, so it
         # never imports the app back.
         settings = getattr(app, "platform_settings", None) or load_settings()
         DeadLetters(resources_for(settings).sessions).add(
-            OVERSIZED_KIND, task_id or task.name, str(error),
-            {"task": task.name, "bytes": size, "prefix": quote(prefix)})
+            OVERSIZED_KIND, task_id or name, str(error),
+            {"task": name, **facts, "prefix": quote(prefix)})
         if task_id:
-            task.backend.mark_as_failure(task_id, error)
+            backend.mark_as_failure(task_id, error)
     finally:
         message.ack()
 

@@ -107,13 +107,20 @@ class Settings:
     control_queue: str = "control"
     default_queue: str = "celery"
     # The operator console (`python -m tasks console`, tasks/console): it refuses to start
-    # without a user and a password; it binds CONSOLE_ADDRESS. Its cookie-signing secret is
-    # CONSOLE_SECRET, or a random one per start (sessions then end with the process).
+    # without a user and a password, or with a password or secret shipped in this repository;
+    # it binds CONSOLE_ADDRESS. Its cookie-signing secret is CONSOLE_SECRET, or a random one
+    # per start (sessions then end with the process).
     console_user: str | None = None
     console_password: str | None = dataclasses.field(default=None, repr=False)
     console_address: str = "127.0.0.1"
     console_port: int = 5566
     console_secret: str | None = dataclasses.field(default=None, repr=False)
+    # Cookies are Secure on every answer (the console is reached over HTTPS only, e.g. through
+    # a TLS-terminating proxy), not only on HTTPS requests.
+    console_secure_cookies: bool = False
+    # Proxies (addresses or networks) whose X-Forwarded-Proto and X-Forwarded-For the console
+    # believes: the client's address (login limits, logs) and whether it came over HTTPS.
+    console_trusted_proxies: tuple[str, ...] = ()
     # Flower's address, linked from the console for task-level detail (optional).
     flower_url: str | None = None
 
@@ -225,6 +232,8 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "console_address": ("CONSOLE_ADDRESS", envparse.address),
     "console_port": ("CONSOLE_PORT", envparse.port),
     "console_secret": ("CONSOLE_SECRET", envparse.secret),
+    "console_secure_cookies": ("CONSOLE_SECURE_COOKIES", envparse.flag),
+    "console_trusted_proxies": ("CONSOLE_TRUSTED_PROXIES", envparse.networks),
     "flower_url": ("FLOWER_URL", envparse.url(("http", "https"))),
 }
 

@@ -168,6 +168,7 @@ KEY_OWNERS = {
     "delay:": "tasks/restock/keys.py", "drain-attempts:": "tasks/restock/keys.py",
     "rebuild-attempts:": "tasks/restock/keys.py", "{stock:": "tasks/restock/keys.py",
     "saga:": "tasks/examples/saga.py",
+    "console-session:": "tasks/console/keys.py", "console-login:": "tasks/console/keys.py",
     "rangekeeper:scratch": "devtools/embedded.py",
 }
 

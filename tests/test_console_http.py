@@ -5,6 +5,8 @@ in any page, any response header or its log."""
 
 from __future__ import annotations
 
+import functools
+import http.client
 import http.cookiejar
 import json
 import re
@@ -37,24 +39,40 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+class _FromAddress(urllib.request.HTTPHandler):
+    """Connects from a given local address (127.0.0.2 ...: another client on this host)."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def http_open(self, req: Any) -> Any:
+        connect = functools.partial(http.client.HTTPConnection, source_address=(self.source, 0))
+        return self.do_open(connect, req)
+
+
 @dataclass
 class Answer:
     status: int
     headers: dict[str, str]
     body: str
+    cookies: list[str]  # every Set-Cookie header
 
     def json(self) -> Any:
         return json.loads(self.body)
 
 
 class Browserless:
-    """An HTTP client with its own cookie jar that does not follow redirects."""
+    """An HTTP client with its own cookie jar that does not follow redirects; `source` is the
+    local address it connects from (default: the system's choice, 127.0.0.1)."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, source: str | None = None) -> None:
         self.base = base
         self.jar = http.cookiejar.CookieJar()
-        self.opener = urllib.request.build_opener(
-            urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect())
+        handlers: list[Any] = [urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect()]
+        if source is not None:
+            handlers.append(_FromAddress(source))
+        self.opener = urllib.request.build_opener(*handlers)
 
     def request(self, path: str, data: dict[str, str] | None = None,
                 headers: dict[str, str] | None = None, method: str | None = None) -> Answer:
@@ -62,18 +80,29 @@ class Browserless:
         request = urllib.request.Request(self.base + path, data=body, headers=headers or {},
                                          method=method or ("POST" if body is not None else "GET"))
         try:
-            with self.opener.open(request, timeout=15) as response:
+            with self.opener.open(request, timeout=30) as response:
                 return Answer(response.status, dict(response.headers),
-                              response.read().decode())
+                              response.read().decode(), response.headers.get_all("Set-Cookie")
+                              or [])
         except urllib.error.HTTPError as exc:
-            return Answer(exc.code, dict(exc.headers), exc.read().decode())
+            return Answer(exc.code, dict(exc.headers), exc.read().decode(),
+                          exc.headers.get_all("Set-Cookie") or [])
 
-    def login(self, user: str = USER, password: str = PASSWORD) -> Answer:
+    def login_form(self) -> str:
+        """GET the login form; its `_xsrf` token (the cookie is in the jar)."""
         form = self.request("/login")
         xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form.body)
         assert xsrf, form.body
-        return self.request("/login", {"_xsrf": xsrf.group(1), "user": user,
-                                       "password": password, "next": "/jobs"})
+        return xsrf.group(1)
+
+    def login(self, user: str = USER, password: str = PASSWORD,
+              headers: dict[str, str] | None = None) -> Answer:
+        return self.post_login(self.login_form(), user, password, headers)
+
+    def post_login(self, xsrf: str, user: str = USER, password: str = PASSWORD,
+                   headers: dict[str, str] | None = None) -> Answer:
+        return self.request("/login", {"_xsrf": xsrf, "user": user, "password": password,
+                                       "next": "/jobs"}, headers)
 
     def csrf(self) -> str:
         page = self.request("/jobs")

@@ -116,3 +116,36 @@ def test_the_one_settings_object_reads_the_rollback_flag_and_task_modules() -> N
     assert found.restock_queue_names == ("q0", "q1", "q2")
     defaults = load_settings({})
     assert defaults.rollback_on_retry is True and defaults.extra_task_modules == ()
+
+
+@pytest.mark.parametrize(("name", "url"), [
+    ("DATABASE_URL", "postgresql+psycopg://rangekeeper:change-me@postgres:5432/rangekeeper"),
+    ("BROKER_URL", "amqp://rangekeeper:change-me@rabbitmq:5672/rangekeeper"),
+    ("BROKER_URL", "amqp://rangekeeper:PASSWORD@rabbitmq:5672//"),
+    ("REDIS_URL", "redis://:Change%2DMe@127.0.0.1:6379/0"),
+    ("RESULT_BACKEND", "redis://:rangekeeper@127.0.0.1:6379/0"),
+    ("RESTOCK_REDIS_URLS", "redis://127.0.0.1:7001/0,redis://:changeme@127.0.0.1:7002/0"),
+])
+def test_a_url_with_a_shipped_password_is_refused_at_start(name: str, url: str) -> None:
+    """Issue 18 item 9: deploy/k8s shipped these URLs with `change-me`; a password anyone can
+    read in the repository is no password."""
+    with pytest.raises(SettingsError, match=f"{name}=.*shipped") as info:
+        load_settings({name: url})
+    assert "change" not in str(info.value).lower() and ":***@" in str(info.value)
+
+
+def test_a_url_with_a_password_of_its_own_is_accepted() -> None:
+    found = load_settings({"DATABASE_URL": "postgresql+psycopg://rk:x7-Qv2p@db:5432/rk",
+                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"})
+    assert found.database_url.endswith("@db:5432/rk")
+
+
+def test_the_console_cookie_settings() -> None:
+    found = load_settings({"CONSOLE_SECURE_COOKIES": "yes",
+                           "CONSOLE_TRUSTED_PROXIES": "10.0.0.7, 10.1.0.0/16,::1"})
+    assert found.console_secure_cookies is True
+    assert found.console_trusted_proxies == ("10.0.0.7/32", "10.1.0.0/16", "::1/128")
+    defaults = load_settings({})
+    assert defaults.console_secure_cookies is False and defaults.console_trusted_proxies == ()
+    with pytest.raises(SettingsError, match="CONSOLE_TRUSTED_PROXIES: 'proxy.local'"):
+        load_settings({"CONSOLE_TRUSTED_PROXIES": "10.0.0.7,proxy.local"})

@@ -300,3 +300,39 @@ def test_a_partition_waiting_for_its_throttle_shows_the_wait() -> None:
                for line in lines), out.getvalue()
     assert sum("throttled" in line for line in lines) == 1  # a past wait is not shown
     assert format_eta(3725) == "1h02m" and format_eta(65) == "1m05s" and format_eta(None) == "-"
+
+
+@pytest.mark.parametrize("args", [["--json"], []])
+def test_status_exits_non_zero_with_one_line_when_redis_is_unreachable(
+    migrated: Any, args: list[str]
+) -> None:
+    """Issue 18 item 11: the compose and k8s readiness probes run `status --json`; with REDIS_URL
+    on a closed port it used to print the snapshot and exit 0."""
+    from tests.support.redis_server import free_port
+
+    env, engine = migrated
+    _plan(engine)
+    closed = f"redis://:pw-never-shown@127.0.0.1:{free_port()}/0"
+    run = status_cli(dict(env, REDIS_URL=closed), *args)
+    assert run.returncode == 1, run.stdout[-500:]
+    assert run.stdout == ""
+    [line] = run.stderr.splitlines()
+    assert line.startswith("cannot reach Redis (REDIS_URL=redis://:***@127.0.0.1:"), line
+    assert "pw-never-shown" not in run.stderr
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://postgres:pw-never-shown@127.0.0.1:{port}/rangekeeper",
+    "mysql+pymysql://root:pw-never-shown@127.0.0.1:{port}/rangekeeper",
+])
+def test_status_exits_non_zero_with_one_line_when_the_database_is_unreachable(
+    worker_env: dict[str, str], url: str
+) -> None:
+    from tests.support.redis_server import free_port
+
+    run = status_cli(dict(worker_env, DATABASE_URL=url.format(port=free_port())), "--json")
+    assert run.returncode == 1, run.stdout[-500:]
+    assert run.stdout == ""
+    [line] = run.stderr.splitlines()
+    assert line.startswith("cannot use DATABASE_URL="), line
+    assert "pw-never-shown" not in run.stderr and "Traceback" not in run.stderr

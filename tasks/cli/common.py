@@ -15,7 +15,7 @@ from tasks.settings import redact
 if TYPE_CHECKING:
     from tasks.resources import Resources
 
-__all__ = ["cli", "open_resources", "fail", "require_tables"]
+__all__ = ["cli", "open_resources", "fail", "require_tables", "require_redis"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,6 +56,19 @@ def require_tables(res: Resources) -> None:
 
     if not inspect(res.engine).has_table("work_items"):
         fail("the database has no platform tables yet: run `python -m tasks migrate`")
+
+
+def require_redis(res: Resources) -> None:
+    """Exit with a clear line when REDIS_URL does not answer a PING (credentials redacted):
+    the compose and k8s probes that run a command read its exit code."""
+    from redis.exceptions import RedisError
+
+    try:
+        res.redis.ping()
+    except (RedisError, OSError) as exc:
+        reason = redact(" ".join(str(exc).split()))[:200]
+        fail(f"cannot reach Redis (REDIS_URL={redact(res.settings.redis_url)}): "
+             f"{type(exc).__name__}: {reason}")
 
 
 def _missing_sqlite_file(url: str) -> bool:

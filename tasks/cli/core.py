@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tasks.cli.common import open_resources, require_tables
+from tasks.cli.common import open_resources, require_redis, require_tables
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -49,13 +49,17 @@ def seed(rows: int) -> None:
               default=None, metavar="[SECONDS]",
               help="refresh every SECONDS (default 2) until Ctrl-C")
 def status(job: str | None, as_json: bool, watch: float | None) -> None:
-    """Range jobs and partitions, restock nodes and dead letters."""
+    """Range jobs and partitions, restock nodes and dead letters.
+
+    Exits 1 with one line on stderr when the database or REDIS_URL does not answer (the
+    compose and k8s readiness probes run `status --json`)."""
     from tasks.status import console_for
 
     if as_json and watch is not None:
         raise click.UsageError("--json and --watch do not go together: poll --json instead")
     with open_resources() as res:
         require_tables(res)
+        require_redis(res)
         if as_json:
             click.echo(json.dumps(_snapshot_json(res, job), sort_keys=True, default=str))
             return

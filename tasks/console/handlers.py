@@ -9,56 +9,83 @@ store never stalls the other requests.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+from redis.exceptions import RedisError
 from tornado.web import HTTPError, RequestHandler
 
 from tasks.console import actions
 from tasks.console.auth import (
-    SECURITY_HEADERS,
     SESSION_COOKIE,
     SESSION_HOURS,
     ConsoleHandler,
     Credentials,
-    new_session,
+    Door,
+    blocking,
 )
+from tasks.console.logins import FAILURE_DELAY, Attempt, LoginLimiter
+from tasks.console.sessions import Sessions
 
 __all__ = ["ROUTES", "REFRESH_MS"]
 
 REFRESH_MS = 1500
-LOGIN_FAILURE_DELAY = 1.0  # seconds a wrong password waits (slows guessing)
 
 
-async def _blocking(call: Callable[[], Any]) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(None, call)
-
-
-class LoginHandler(RequestHandler):
-    """The login form (protected by Tornado's `_xsrf` cookie) and its check."""
-
-    def set_default_headers(self) -> None:
-        for name, value in SECURITY_HEADERS.items():
-            self.set_header(name, value)
+class LoginHandler(Door):
+    """The login form (protected by Tornado's `_xsrf` cookie) and its check, limited per user
+    and per address (`tasks.console.logins`): a locked-out attempt is answered 429 with
+    Retry-After, its password never compared."""
 
     def get(self) -> None:
         self._form("", 200)
 
     async def post(self) -> None:
         credentials: Credentials = self.settings["credentials"]
+        logins: LoginLimiter = self.settings["logins"]
         user = self.get_body_argument("user", "")
+        address = self.client_ip()
+        try:
+            attempt: Attempt = await blocking(lambda: logins.attempt(user, address))
+        except (RedisError, OSError):
+            raise HTTPError(503, reason="login limits unavailable (Redis does not answer)"
+                            ) from None
+        if not attempt.allowed:
+            wait = max(math.ceil(attempt.retry_after), 1)
+            self.set_header("Retry-After", str(wait))
+            self._form(f"too many failed logins: try again in {wait} s", 429)
+            return
         if not credentials.match(user, self.get_body_argument("password", "")):
-            self.application.settings["log"].warning(
-                "console: failed login for user %r from %s", user[:64], self.request.remote_ip)
-            await asyncio.sleep(LOGIN_FAILURE_DELAY)
+            self._failed(user, address, attempt)
+            await asyncio.sleep(FAILURE_DELAY)
             self._form("wrong user or password", 401)
             return
-        self.set_signed_cookie(SESSION_COOKIE, _json(new_session(credentials.user)),
-                               expires_days=SESSION_HOURS / 24, httponly=True,
-                               samesite="Strict", secure=self.request.protocol == "https")
-        self.application.settings["log"].info("console: %s logged in from %s",
-                                              credentials.user, self.request.remote_ip)
+        await self._log_in(credentials.user, address)
+
+    def _failed(self, user: str, address: str, attempt: Attempt) -> None:
+        log = self.application.settings["log"]
+        log.warning("console: failed login for user %r from %s", user[:64], address)
+        if attempt.user_lockout:
+            log.warning("console: logins locked for %.0fs: user %r after %d failed logins",
+                        attempt.user_lockout, user[:64], attempt.user_failures)
+        if attempt.address_lockout:
+            log.warning("console: logins locked for %.0fs: address %s after %d failed logins",
+                        attempt.address_lockout, address, attempt.address_failures)
+
+    async def _log_in(self, user: str, address: str) -> None:
+        logins: LoginLimiter = self.settings["logins"]
+        sessions: Sessions = self.settings["sessions"]
+        try:
+            await blocking(lambda: logins.succeeded(user, address))
+            sid, _ = await blocking(lambda: sessions.create(user))
+        except (RedisError, OSError):
+            raise HTTPError(503, reason="sessions unavailable (Redis does not answer)"
+                            ) from None
+        self.set_signed_cookie(SESSION_COOKIE, sid, expires_days=SESSION_HOURS / 24,
+                               httponly=True, samesite="Strict")
+        self.application.settings["log"].info("console: %s logged in from %s", user, address)
         self.redirect(_local(self.get_argument("next", "/jobs")))
 
     def _form(self, error: str, status: int) -> None:
@@ -73,14 +100,18 @@ def _local(path: str) -> str:
     return quote(path, safe="/-_.")
 
 
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True)
-
-
 class LogoutHandler(ConsoleHandler):
-    def post(self) -> None:
+    """Ends the session on the server (every copy of its cookie), then clears the cookie."""
+
+    async def post(self) -> None:
+        sessions: Sessions = self.settings["sessions"]
+        sid = self._sid
+        if sid is not None:
+            try:
+                await blocking(lambda: sessions.end(sid))
+            except (RedisError, OSError):
+                raise HTTPError(503, reason="sessions unavailable (Redis does not answer)"
+                                ) from None
         self.clear_cookie(SESSION_COOKIE)
         self.redirect("/login")
 
@@ -129,7 +160,7 @@ class ApiHandler(ConsoleHandler):
 
     async def answer(self, call: Callable[[], Any]) -> None:
         try:
-            self.write({"ok": True, "data": await _blocking(call)})
+            self.write({"ok": True, "data": await blocking(call)})
         except actions.Refused as exc:
             raise HTTPError(409, reason=_one_line(exc)) from None
         except actions.Unavailable as exc:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 from pathlib import Path
+from typing import Any
 
 from tornado.web import Application, RequestHandler
 
 from tasks.console import actions
 from tasks.console.auth import Credentials, cookie_secret, credentials_from
 from tasks.console.handlers import ROUTES
+from tasks.console.logins import LoginLimiter
+from tasks.console.sessions import Sessions
 from tasks.settings import Settings
 
 __all__ = ["make_app", "serve", "HERE"]
@@ -21,8 +25,11 @@ log = logging.getLogger("tasks.console")
 access = logging.getLogger("tornado.access")
 
 
-def make_app(credentials: Credentials, secret: str) -> Application:
-    """The console's routes on `credentials`, cookies signed with `secret`."""
+def make_app(credentials: Credentials, secret: str, client: Any,
+             settings: Settings) -> Application:
+    """The console's routes on `credentials`, cookies signed with `secret`, sessions and login
+    limits on the Redis `client`; cookies and client addresses as `settings` say
+    (CONSOLE_SECURE_COOKIES, CONSOLE_TRUSTED_PROXIES)."""
     return Application(
         ROUTES,  # type: ignore[arg-type]
         template_path=str(HERE / "templates"),
@@ -32,6 +39,10 @@ def make_app(credentials: Credentials, secret: str) -> Application:
         xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict"},
         login_url="/login",
         credentials=credentials,
+        sessions=Sessions(client, credentials.user, credentials.password, secret),
+        logins=LoginLimiter(client),
+        secure_cookies=settings.console_secure_cookies,
+        trusted_proxies=[ipaddress.ip_network(n) for n in settings.console_trusted_proxies],
         log=log,
         autoescape="xhtml_escape",
         compress_response=True,
@@ -46,17 +57,20 @@ def _log_request(handler: RequestHandler) -> None:
     level = logging.WARNING if status >= 400 else logging.INFO
     if status < 400 and handler.request.method in ("GET", "HEAD"):
         level = logging.DEBUG
+    client = getattr(handler, "client_ip", None)
     access.log(level, "%d %s %s (%s) %.1fms", status, handler.request.method,
-               handler.request.path, handler.request.remote_ip,
+               handler.request.path, client() if client else handler.request.remote_ip,
                1000.0 * handler.request.request_time())
 
 
 def serve(settings: Settings) -> None:
-    """Refuse without credentials (MissingCredentials); otherwise serve on CONSOLE_ADDRESS and
-    CONSOLE_PORT until SIGTERM or SIGINT."""
+    """Refuse without credentials or with shipped ones (`ConsoleRefused`); otherwise serve on
+    CONSOLE_ADDRESS and CONSOLE_PORT until SIGTERM or SIGINT."""
+    from tasks.resources import resources_for
+
     credentials = credentials_from(settings)
     actions.load_jobs()
-    app = make_app(credentials, cookie_secret(settings))
+    app = make_app(credentials, cookie_secret(settings), resources_for(settings).redis, settings)
     asyncio.run(_serve(app, settings))
 
 
