@@ -85,7 +85,10 @@ def start_job(job: str, actor: str) -> dict[str, Any]:
     control = controls()
     opened = control.start(found.name, actor)
     report = {"job": found.name, **control.kick_quietly(found.name)}
+    deferred = [r["deferred"] for r in (opened, report) if "deferred" in r]
     report.update(**opened)
+    if deferred:
+        report["deferred"] = "; ".join(deferred)
     return report
 
 

@@ -5,7 +5,10 @@ job was not reconciled, and an orphan someone already took."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -28,6 +31,7 @@ from tasks.ranges.workrow import WorkRow
 from tasks.resources import make_engine
 from tests.ranges.test_closing import round_now, start
 from tests.ranges.test_runner import counts, plan, runner, small, work
+from tests.support.workers import ROOT, platform_env
 
 
 @pytest.mark.parametrize("db_kind", ["postgresql"], indirect=True)
@@ -107,6 +111,33 @@ GHOST = Table("ghost_rows", MetaData(), Column("id", Integer, primary_key=True),
               Column("status", Integer))  # never created
 register(RangeJob(name="ghost_job", table=GHOST, where=GHOST.c.status == 0,
                   process=mark_processed))
+
+
+def test_the_cli_start_with_redis_on_a_closed_port_opens_a_run_the_reconciler_will_run(
+    tmp_path: Path
+) -> None:
+    """Item 12 as reported: `python -m tasks jobs start` with REDIS_URL on a closed port used
+    to print a refusal after committing half a start. Now the start is whole (exit 0, the
+    Redis steps deferred) and the job is reconciled."""
+    env = platform_env(REDIS_URL="redis://127.0.0.1:1/0",
+                       DATABASE_URL=f"sqlite:///{tmp_path}/t.sqlite")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tasks", *args], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    for step in (("migrate",), ("seed", "--rows", "10")):
+        assert cli(*step).returncode == 0
+    started = cli("jobs", "start", "cm_data")
+    assert started.returncode == 0, started.stderr
+    assert "cm_data run 1: running" in started.stdout and "deferred" in started.stdout
+    engine = make_engine(env["DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(select(RANGE_RUNS.c.state)).scalar_one() == RunState.RUNNING
+            assert conn.execute(select(SCHEDULES.c.active)).scalar_one()
+    finally:
+        engine.dispose()
 
 
 def test_a_start_that_cannot_read_the_table_is_refused_and_changes_nothing(
