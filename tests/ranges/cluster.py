@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 from sqlalchemy import Engine, func, select
@@ -10,7 +12,15 @@ from sqlalchemy import Engine, func, select
 from tasks.models import CmData, WorkItem
 from tasks.models import PartitionStatus as S
 from tests.support.redis_server import RedisServer
-from tests.support.workers import CELERY, Proc, celery_call, platform_env, start_worker, wait_until
+from tests.support.workers import (
+    CELERY,
+    ROOT,
+    Proc,
+    celery_call,
+    platform_env,
+    start_worker,
+    wait_until,
+)
 
 __all__ = ["Platform", "CELERY_BEAT"]
 
@@ -46,6 +56,14 @@ class Platform:
     def start_job(self) -> None:
         sent = celery_call(self.env, "tasks.ranges.start", "--args", '["cm_data"]')
         assert sent.returncode == 0, sent.stderr
+
+    def throttle(self, rows_per_s: float) -> None:
+        """Cap the job's run (0 lifts the cap) from the operator CLI, which needs no worker:
+        tests hold a run back with it until what they do to it has landed."""
+        done = subprocess.run([sys.executable, "-m", "tasks", "jobs", "throttle", "cm_data",
+                               str(rows_per_s)], env=self.env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
 
     def parts(self) -> list[Any]:
         with self.engine.connect() as conn:

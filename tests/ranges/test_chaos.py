@@ -138,8 +138,10 @@ def test_the_table_grows_during_a_run(engine: Engine,
     cluster.worker("a")
     cluster.beat()
     cluster.start_job()
+    cluster.throttle(500)  # held back: the run cannot end before the table grows
     wait_until(cluster.running_with_progress, 60, "a partition in progress")
     seed_cm_data(engine, 6_000)  # ids 8001..14000: part 1 grows, part 2 is new
+    cluster.throttle(0)
     cluster.wait_finished(timeout=120)
     wait_until(lambda: len(cluster.parts()) == 3 and cluster.finished(), 30,
                "the new partition to be planned and finished")

@@ -21,7 +21,7 @@ from tests.support.workers import wait_until
 pytestmark = [pytest.mark.timeout(240), pytest.mark.parametrize("db_kind", ["postgresql"])]
 
 BATCH_S = 0.3
-HOLD_RATE = "300"  # rows/s: the 6,000 rows take 20 s, long past the control a test sends
+HOLD_RATE = "100"  # rows/s: the 6,000 rows take a minute, long past the control under test
 
 
 def hold_back(cluster: Platform) -> None:
@@ -57,6 +57,8 @@ def test_a_pause_during_a_takeover_holds_the_job_and_resume_finishes_exactly_onc
     assert processed(engine) == held and idle(cluster)
     resumed = jobs_cli(cluster, "resume", "cm_data")
     assert resumed.returncode == 0, resumed.stderr
+    lifted = jobs_cli(cluster, "throttle", "cm_data", "0")
+    assert lifted.returncode == 0, lifted.stderr
     cluster.wait_finished()
     cluster.assert_exactly_once(6000)
     taken = next(p for p in cluster.parts() if p.part == victim.part)
