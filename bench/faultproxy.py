@@ -137,8 +137,8 @@ class FaultProxy:
             threading.Thread(target=self._pump, args=(pair, src, dst), daemon=True).start()
 
     def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
-        src.settimeout(None)
         try:
+            src.settimeout(None)
             while not pair.closed.is_set():
                 data = src.recv(CHUNK)
                 if not data:

@@ -28,7 +28,17 @@ from sqlalchemy import Engine, func, select, text
 from bench.nemesis.job import JOB
 from bench.nemesis.load import SagaSent
 from tasks.examples.saga import SAGA_PREFIX, STEPS
-from tasks.models import ORDER_ITEMS, PAYMENTS, RANGE_RUNS, SKUS, WORK, ItemState, RunState
+from tasks.models import (
+    DEAD_LETTERS,
+    ORDER_ITEMS,
+    PAYMENTS,
+    RANGE_RUN_EVENTS,
+    RANGE_RUNS,
+    SKUS,
+    WORK,
+    ItemState,
+    RunState,
+)
 from tasks.restock.keys import stock_key
 from tasks.rollback import JOURNAL, OWNERS
 from tasks.rollback.tables import JournalState, OwnerState
@@ -93,6 +103,7 @@ def check_rows(engine: Engine, found: Findings, log: FaultLog, began: datetime) 
     if run is not None and run.state != RunState.SUCCEEDED:
         found.problems.append(f"final run {run.id} is {run.state}, not succeeded")
         found.problems.extend(unfinished(engine, parts))
+        found.problems.extend(run_history(engine, run.id))
     for r in rows:
         if r.times == 1:
             continue
@@ -123,6 +134,20 @@ def unfinished(engine: Engine, parts: Sequence[Any]) -> list[str]:
                         f"times, next_id {p.next_id}; {count} rows, highest id {top}"
                         + ("" if top == p.hi else f" (ids {(top or p.lo - 1) + 1}..{p.hi} "
                                                   "absent)"))
+    return said
+
+
+def run_history(engine: Engine, run_id: int) -> list[str]:
+    """How the final run went: how often it ended and was reopened, and the partitions dead-
+    lettered (a lock timeout counted as a crash shows here as "keeps killing its worker")."""
+    with engine.connect() as conn:
+        counted = conn.execute(select(RANGE_RUN_EVENTS.c.verb, func.count()).where(
+            RANGE_RUN_EVENTS.c.run_id == run_id).group_by(RANGE_RUN_EVENTS.c.verb)).all()
+        verbs = {str(verb): int(n) for verb, n in counted}
+        letters = conn.execute(select(DEAD_LETTERS.c.ref, DEAD_LETTERS.c.reason).where(
+            DEAD_LETTERS.c.kind == "range-partition")).all()
+    said = [f"run {run_id} events: {dict(sorted(verbs.items()))}"]
+    said += [f"dead letter range-partition {ref}: {reason[:160]}" for ref, reason in letters]
     return said
 
 
@@ -164,7 +189,8 @@ def check_sagas(engine: Engine, client: redis.Redis, sagas: Sequence[SagaSent],
             (*JournalState.PENDING, JournalState.COMPENSATING)))).scalars())
     for saga in sagas:
         found.sagas_judged += 1
-        now = [e.decode() for e in client.lrange(f"{SAGA_PREFIX}{saga.order_id}", 0, -1)]
+        key = f"{SAGA_PREFIX}{saga.order_id}"
+        now = [_text(e) for e in client.lrange(key, 0, -1)]  # type: ignore[union-attr]
         entries = tuple(kept.get(saga.order_id, []) + now)
         journal_open = saga.task_id in open_owners or saga.task_id in pending
         if entries in valid and not journal_open:
@@ -175,6 +201,10 @@ def check_sagas(engine: Engine, client: redis.Redis, sagas: Sequence[SagaSent],
                               f"{saga.fail_at}, {how}, sent at t={saga.sent_at:.1f}s): ledger "
                               f"{list(entries)}, {_before(log, saga.sent_at)}"
                               + ("; its journal is still open" if journal_open else ""))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def check(engine: Engine, redis_url: str, sagas: Sequence[SagaSent],

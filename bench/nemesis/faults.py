@@ -30,12 +30,13 @@ from tasks.examples.saga import SAGA_PREFIX
 
 __all__ = ["Fault", "schedule", "Nemesis", "KINDS"]
 
-# Each kind with its weight in the draw.
-KINDS = {
-    "kill_worker": 3, "kill_pool": 3, "sigstop": 3, "kill_leader_beat": 2, "redis_restart": 1,
-    "flushall": 1, "proxy_latency": 2, "proxy_cut": 2, "proxy_blackhole": 2, "db_row_lock": 2,
-    "db_table_lock": 1, "control_storm": 2,
-}
+# The kinds of fault. The schedule deals them from a deck shuffled anew each round, so every
+# kind lands once per len(KINDS) faults: a short run still meets each of them.
+KINDS = (
+    "kill_worker", "kill_pool", "sigstop", "kill_leader_beat", "redis_restart", "flushall",
+    "proxy_latency", "proxy_cut", "proxy_blackhole", "db_row_lock", "db_table_lock",
+    "control_storm",
+)
 VERBS = ("pause", "resume", "throttle", "cancel", "start")
 WARMUP_S = 3.0
 # The saga ledgers (order id and entries, flattened), read atomically before a wipe; with
@@ -60,8 +61,7 @@ class Fault:
     verbs: tuple[str, ...] = ()  # control_storm: the verbs, in order
 
 
-def _draw(rng: random.Random, at: float, ttl: float) -> Fault:
-    kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+def _draw(rng: random.Random, kind: str, at: float, ttl: float) -> Fault:
     target = rng.randrange(1 << 16)
     hold = {
         "sigstop": ttl * rng.uniform(1.5, 2.5), "proxy_latency": rng.uniform(2, 5),
@@ -77,9 +77,14 @@ def _draw(rng: random.Random, at: float, ttl: float) -> Fault:
 def schedule(seed: int, duration: float, ttl: float) -> list[Fault]:
     """The run's faults: one every 2-5 s from WARMUP_S until `duration`."""
     rng = random.Random(seed)
-    faults, at = [], WARMUP_S
+    faults: list[Fault] = []
+    deck: list[str] = []
+    at = WARMUP_S
     while at < duration:
-        faults.append(_draw(rng, at, ttl))
+        if not deck:
+            deck = list(KINDS)
+            rng.shuffle(deck)
+        faults.append(_draw(rng, deck.pop(), at, ttl))
         at += rng.uniform(2.0, 5.0)
     return faults
 

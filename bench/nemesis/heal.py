@@ -62,8 +62,9 @@ def _redis_up(nemesis: Nemesis) -> None:
 def _replace_stuck_orders(load: Load, engine: Engine) -> None:
     """Place again every order the application recorded that is reserving or absent."""
     with engine.connect() as conn:
-        known = dict(conn.execute(select(ORDER_ITEMS.c.order_id, func.count()).where(
-            ORDER_ITEMS.c.state != ItemState.RESERVING).group_by(ORDER_ITEMS.c.order_id)).all())
+        counted = conn.execute(select(ORDER_ITEMS.c.order_id, func.count()).where(
+            ORDER_ITEMS.c.state != ItemState.RESERVING).group_by(ORDER_ITEMS.c.order_id)).all()
+    known = {str(order): int(n) for order, n in counted}
     stuck = [o for o, items in load.orders.items() if known.get(o, 0) < len(items)]
     for order_id in stuck:
         for attempt in range(3):
@@ -100,14 +101,21 @@ def quiet(engine: Engine) -> str | None:
     return ", ".join(waiting) or None
 
 
-def wait_quiet(engine: Engine, timeout: float) -> tuple[float, str | None]:
-    """Seconds until quiet, and what was still going on if the bound ran out."""
+def wait_quiet(engine: Engine, timeout: float, hold: float) -> tuple[float, str | None]:
+    """Seconds until quiet (and quiet for `hold` seconds more: an ended run that a reconcile
+    round reopens is not quiet), and what was still going on if the bound ran out."""
     began = time.monotonic()
+    since: float | None = None
     last: str | None = "not checked"
     while time.monotonic() - began < timeout:
         last = quiet(engine)
-        if last is None:
-            return time.monotonic() - began, None
+        now = time.monotonic()
+        if last is not None:
+            since = None
+        elif since is None:
+            since = now
+        elif now - since >= hold:
+            return since - began, None
         time.sleep(0.5)
     return time.monotonic() - began, last
 

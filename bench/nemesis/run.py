@@ -161,7 +161,7 @@ def exercise(args: argparse.Namespace, engine: Engine, logs: Path) -> dict[str, 
         time.sleep(max(nemesis.began + args.duration - time.monotonic(), 0))
         print("healing", flush=True)
         heal(nemesis, load, engine)
-        quiet_s, still = wait_quiet(engine, args.quiet_timeout)
+        quiet_s, still = wait_quiet(engine, args.quiet_timeout, hold=3 * args.interval + 2)
         print(f"quiet after {quiet_s:.1f}s" if still is None
               else f"not quiet after {quiet_s:.1f}s: {still}", flush=True)
         silent = silent_workers(supervisor, redis_proc.url)
