@@ -8,14 +8,19 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 import redis
+from sqlalchemy import Engine, insert, text
 
 from bench.faultproxy import FaultProxy
-from bench.nemesis.check import valid_ledgers
+from bench.nemesis.check import Findings, check_rows, check_stock, valid_ledgers
 from bench.nemesis.faults import KINDS, WARMUP_S, describe, is_leader, schedule
+from bench.nemesis.job import ddl
 from devtools.embedded import free_port
+from tasks.models import ORDER_ITEMS, PAYMENTS, SKUS
+from tasks.restock.keys import stock_key
 from tests.support.db import DATABASES
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env
@@ -53,7 +58,7 @@ def test_a_beat_leads_after_it_became_leader_and_until_it_lost_the_lease() -> No
 
 
 @pytest.fixture
-def proxied() -> tuple[RedisServer, FaultProxy]:
+def proxied() -> Iterator[tuple[RedisServer, FaultProxy]]:
     server = RedisServer().start()
     proxy = FaultProxy(free_port(), server.port).start()
     yield server, proxy
@@ -103,3 +108,42 @@ def test_a_fixed_seed_nemesis_run_passes_with_every_count_clean() -> None:
     assert result["workers_silent"] == [] and result["quiet"], report
     assert result["time_to_quiescence_s"] < QUIET, report
     assert result["verdict"] == "PASS" and run.returncode == 0, report
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+def test_the_checker_names_rows_missed_or_doubled_and_the_fault_before_them(
+        engine: Engine) -> None:
+    with engine.begin() as conn:
+        for statement in ddl(100):
+            conn.execute(text(statement))
+        conn.execute(text("INSERT INTO nemesis_rows (id, done, times) VALUES "
+                          "(5, 1, 1), (6, 0, 0), (7, 1, 2)"))
+        began = conn.execute(text("SELECT clock_timestamp() - interval '10 seconds'")).scalar()
+    found = Findings()
+    check_rows(engine, found, [(1.0, "kill_worker", "kill -9 nem-range0")], began)
+    assert (found.rows_total, found.rows_once, found.rows_missed, found.rows_twice) == (3, 1, 1, 1)
+    assert found.final_run == "none" and not found.passed
+    assert any(p.startswith("row 6 processed 0 times") and "after kill_worker" in p
+               for p in found.problems), found.problems
+    assert any(p.startswith("row 7 processed 2 times") for p in found.problems)
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql"])
+def test_the_checker_finds_stock_off_and_an_order_restocked_after_payment(
+        engine: Engine, private_redis: RedisServer) -> None:
+    with engine.begin() as conn:
+        conn.execute(insert(SKUS).values(sku_id="s1", redis_id=0, total=10))
+        for item, order, state in (("i1", "o1", "paid"), ("i2", "o2", "held"),
+                                   ("i3", "o3", "restocked")):
+            conn.execute(insert(ORDER_ITEMS).values(
+                order_item_id=item, order_id=order, sku_id="s1", qty=2, redis_id=0,
+                queue="q", state=state, time_ms=0))
+        conn.execute(insert(PAYMENTS).values(order_id="o3"))
+    client = redis.Redis.from_url(private_redis.url)
+    client.hset(stock_key(0), "s1", 7)  # total 10 - held 2 - paid 2 = 6: one unit too many
+    found = Findings()
+    check_stock(engine, client, found)
+    client.close()
+    assert found.skus_inconsistent == 1
+    assert found.orders_restocked_after_payment == 1
+    assert any("expected total 10 - held - paid = 6" in p for p in found.problems)

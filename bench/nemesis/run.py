@@ -135,6 +135,7 @@ def _verdict(args: argparse.Namespace, nemesis: Nemesis, found: Any, quiet_s: fl
     faults = dict(sorted(nemesis.counts.items()))
     return {"seed": args.seed, "duration_s": args.duration, "faults": faults,
             **summary(found), "time_to_quiescence_s": round(quiet_s, 1),
+            "faults_not_landed": dict(sorted(nemesis.missed.items())),
             "rows_total": found.rows_total, "final_run": found.final_run,
             "orders_restocked_after_payment": found.orders_restocked_after_payment,
             "sagas": found.sagas_judged,
