@@ -15,9 +15,10 @@ import redis
 from sqlalchemy import Engine, insert, text
 
 from bench.faultproxy import FaultProxy
-from bench.nemesis.check import Findings, check_rows, check_stock, valid_ledgers
+from bench.nemesis.check import Findings, check_rows, check_stock
 from bench.nemesis.faults import KINDS, WARMUP_S, describe, is_leader, schedule
 from bench.nemesis.job import ddl
+from bench.nemesis.ledger import judge, valid_ledgers
 from devtools.embedded import free_port
 from tasks.models import ORDER_ITEMS, PAYMENTS, SKUS
 from tasks.restock.keys import stock_key
@@ -48,6 +49,22 @@ def test_the_checker_accepts_whole_sagas_and_whole_compensations_only() -> None:
     assert ("reserve_stock", "charge") not in valid  # half done
     assert ("reserve_stock", "charge", "refund", "release_stock", "ship") not in valid
     assert ("reserve_stock", "release_stock", "release_stock") not in valid  # undone twice
+
+
+def test_a_saga_across_a_wipe_is_judged_on_its_history_and_its_surviving_epoch() -> None:
+    done, undone = ["reserve_stock", "charge"], ["refund", "release_stock"]
+    # The wipe took the effects; the compensation afterwards rightly found nothing to undo.
+    assert judge(done, [], compensated=True) is None
+    assert judge(["reserve_stock"], ["charge", "refund"], True) is None
+    assert judge(["reserve_stock"], ["charge"], True) == "['charge'] not undone after the wipe"
+    assert judge([], done, compensated=False) == "half done"
+    assert judge(done, ["ship"], compensated=False) is None  # finished after the wipe
+    assert judge(done + undone, ["ship"], True) == "ship after the compensation began"
+    assert judge(done, ["refund", "refund"], True) == "refund twice"
+    assert judge(done, ["cancel_shipment"], True) == "cancel_shipment without ship before it"
+    assert judge(done, ["refund"], True) == "['refund'] undone after the wipe took the step"
+    assert judge(done, ["ship", "cancel_shipment"], False) == (
+        "undone though its journal says it was not rolled back")
 
 
 def test_a_beat_leads_after_it_became_leader_and_until_it_lost_the_lease() -> None:

@@ -26,8 +26,9 @@ import redis
 from sqlalchemy import Engine, func, select, text
 
 from bench.nemesis.job import JOB
+from bench.nemesis.ledger import judge
 from bench.nemesis.load import SagaSent
-from tasks.examples.saga import SAGA_PREFIX, STEPS
+from tasks.examples.saga import SAGA_PREFIX
 from tasks.models import (
     DEAD_LETTERS,
     ORDER_ITEMS,
@@ -43,7 +44,7 @@ from tasks.restock.keys import stock_key
 from tasks.rollback import JOURNAL, OWNERS
 from tasks.rollback.tables import JournalState, OwnerState
 
-__all__ = ["Findings", "check", "valid_ledgers", "FaultLog"]
+__all__ = ["Findings", "check", "FaultLog"]
 
 REOPENED = 5  # a finished partition claimed more often than this keeps being reopened
 FaultLog = Sequence[tuple[float, str, str]]  # (seconds after the faults began, kind, detail)
@@ -69,15 +70,6 @@ class Findings:
                 and self.final_run == RunState.SUCCEEDED and self.skus_inconsistent == 0
                 and self.orders_restocked_after_payment == 0 and self.sagas_half_done == 0
                 and not self.workers_silent and not self.problems)
-
-
-def valid_ledgers() -> set[tuple[str, ...]]:
-    """The whole saga, or its first k steps followed by their undos in reverse (k = 0..3)."""
-    done = tuple(name for name, _ in STEPS)
-    valid = {done}
-    for k in range(len(STEPS) + 1):
-        valid.add(done[:k] + tuple(undo for _, undo in reversed(STEPS[:k])))
-    return valid
 
 
 def _before(log: FaultLog, at: float) -> str:
@@ -180,27 +172,29 @@ def check_stock(engine: Engine, client: redis.Redis, found: Findings) -> None:
 
 def check_sagas(engine: Engine, client: redis.Redis, sagas: Sequence[SagaSent],
                 kept: Mapping[str, list[str]], log: FaultLog, found: Findings) -> None:
-    """Each saga's ledger (what wipes took, then what Redis holds) and its journal."""
-    valid = valid_ledgers()
+    """Each saga's ledger (what wipes took, then what Redis holds; bench/nemesis/ledger.py)
+    against how its journal ended; an open journal is a saga half done."""
     with engine.connect() as conn:
-        open_owners = set(conn.execute(select(OWNERS.c.task_id).where(
-            OWNERS.c.state.in_(OwnerState.OPEN))).scalars())
+        owners = dict(conn.execute(select(OWNERS.c.task_id, OWNERS.c.state)).all())
         pending = set(conn.execute(select(JOURNAL.c.task_id).where(JOURNAL.c.state.in_(
             (*JournalState.PENDING, JournalState.COMPENSATING)))).scalars())
     for saga in sagas:
         found.sagas_judged += 1
         key = f"{SAGA_PREFIX}{saga.order_id}"
         now = [_text(e) for e in client.lrange(key, 0, -1)]  # type: ignore[union-attr]
-        entries = tuple(kept.get(saga.order_id, []) + now)
-        journal_open = saga.task_id in open_owners or saga.task_id in pending
-        if entries in valid and not journal_open:
+        before = kept.get(saga.order_id, [])
+        state = owners.get(saga.task_id)
+        wrong = judge(before, now, compensated=state in OwnerState.CLOSED)
+        if state in OwnerState.OPEN or saga.task_id in pending:
+            wrong = "its journal is still open"
+        if wrong is None:
             continue
         found.sagas_half_done += 1
         how = "revoked" if saga.revoked else "not revoked"
         found.problems.append(f"saga {saga.order_id} (task {saga.task_id}, fail_at "
-                              f"{saga.fail_at}, {how}, sent at t={saga.sent_at:.1f}s): ledger "
-                              f"{list(entries)}, {_before(log, saga.sent_at)}"
-                              + ("; its journal is still open" if journal_open else ""))
+                              f"{saga.fail_at}, {how}, sent at t={saga.sent_at:.1f}s, journal "
+                              f"{state}): {wrong}; ledger {before} before wipes + {now}, "
+                              f"{_before(log, saga.sent_at)}")
 
 
 def _text(value: bytes | str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -27,7 +28,9 @@ from tasks.models import ORDER_ITEMS, RANGE_RUNS, ItemState, RunState
 from tasks.rollback import JOURNAL, OWNERS
 from tasks.rollback.tables import JournalState, OwnerState
 
-__all__ = ["heal", "quiet", "wait_quiet", "silent_workers"]
+__all__ = ["heal", "quiet", "wait_quiet", "silent_workers", "replace_stuck_orders"]
+
+NUDGE_S = 10.0  # seconds between the application's retries of unsettled orders
 
 
 def heal(nemesis: Nemesis, load: Load, engine: Engine) -> None:
@@ -45,7 +48,7 @@ def heal(nemesis: Nemesis, load: Load, engine: Engine) -> None:
     for verb in ("resume", "start"):
         print(f"  heal: {nemesis.jobs(verb)}", flush=True)
     print(f"  heal: {nemesis.jobs('throttle', '0')}", flush=True)
-    _replace_stuck_orders(load, engine)
+    replace_stuck_orders(load, engine)
 
 
 def _redis_up(nemesis: Nemesis) -> None:
@@ -59,25 +62,25 @@ def _redis_up(nemesis: Nemesis) -> None:
         client.close()
 
 
-def _replace_stuck_orders(load: Load, engine: Engine) -> None:
-    """Place again every order the application recorded that is reserving or absent."""
+def replace_stuck_orders(load: Load, engine: Engine) -> None:
+    """Place again every order the application recorded that is reserving or absent (what
+    an application does when place_order did not answer), printing what each retry said."""
     with engine.connect() as conn:
         counted = conn.execute(select(ORDER_ITEMS.c.order_id, func.count()).where(
             ORDER_ITEMS.c.state != ItemState.RESERVING).group_by(ORDER_ITEMS.c.order_id)).all()
     known = {str(order): int(n) for order, n in counted}
     stuck = [o for o, items in load.orders.items() if known.get(o, 0) < len(items)]
+    said: dict[str, str] = {}
     for order_id in stuck:
-        for attempt in range(3):
-            try:
-                load.client.send_task("tasks.restock.place_order", args=[
-                    order_id, "member-retry", load.orders[order_id]]).get(timeout=30)
-                break
-            except Exception as exc:  # noqa: BLE001 - e.g. OrderExpired: it is settled anyway
-                if attempt == 2 or "Order" in type(exc).__name__:
-                    break
-                time.sleep(1)
+        try:
+            load.client.send_task("tasks.restock.place_order", args=[
+                order_id, "member-retry", load.orders[order_id]]).get(timeout=20)
+            said[order_id] = "placed"
+        except Exception as exc:  # noqa: BLE001 - the application retries it next round
+            said[order_id] = f"{type(exc).__name__}: {str(exc)[:80]}"
     if stuck:
-        print(f"  heal: placed again {len(stuck)} order(s) stuck or never recorded", flush=True)
+        print(f"  heal: placed again {len(stuck)} order(s) stuck or never recorded: {said}",
+              flush=True)
 
 
 def quiet(engine: Engine) -> str | None:
@@ -101,17 +104,23 @@ def quiet(engine: Engine) -> str | None:
     return ", ".join(waiting) or None
 
 
-def wait_quiet(engine: Engine, timeout: float, hold: float) -> tuple[float, str | None]:
+def wait_quiet(engine: Engine, timeout: float, hold: float,
+               nudge: Callable[[], None]) -> tuple[float, str | None]:
     """Seconds until quiet (and quiet for `hold` seconds more: an ended run that a reconcile
-    round reopens is not quiet), and what was still going on if the bound ran out."""
+    round reopens is not quiet), and what was still going on if the bound ran out. `nudge`
+    (the application's retries) runs every NUDGE_S while orders are unsettled."""
     began = time.monotonic()
     since: float | None = None
+    nudged = began
     last: str | None = "not checked"
     while time.monotonic() - began < timeout:
         last = quiet(engine)
         now = time.monotonic()
         if last is not None:
             since = None
+            if "order items" in last and now - nudged > NUDGE_S:
+                nudge()
+                nudged = time.monotonic()
         elif since is None:
             since = now
         elif now - since >= hold:

@@ -31,7 +31,7 @@ from bench.faultproxy import FaultProxy
 from bench.nemesis.check import check, summary
 from bench.nemesis.faults import Nemesis, describe, schedule
 from bench.nemesis.fleet import ROOT, RedisProc, Supervisor
-from bench.nemesis.heal import heal, silent_workers, wait_quiet
+from bench.nemesis.heal import heal, replace_stuck_orders, silent_workers, wait_quiet
 from bench.nemesis.job import ddl
 from bench.nemesis.load import APP_ID_CEILING, SKUS, Load
 from devtools.demo import reset_database
@@ -162,7 +162,8 @@ def exercise(args: argparse.Namespace, engine: Engine, logs: Path) -> dict[str, 
         time.sleep(max(nemesis.began + args.duration - time.monotonic(), 0))
         print("healing", flush=True)
         heal(nemesis, load, engine)
-        quiet_s, still = wait_quiet(engine, args.quiet_timeout, hold=3 * args.interval + 2)
+        quiet_s, still = wait_quiet(engine, args.quiet_timeout, 3 * args.interval + 2,
+                                   lambda: replace_stuck_orders(load, engine))
         print(f"quiet after {quiet_s:.1f}s" if still is None
               else f"not quiet after {quiet_s:.1f}s: {still}", flush=True)
         silent = silent_workers(supervisor, redis_proc.url)
