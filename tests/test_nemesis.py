@@ -61,6 +61,10 @@ def test_a_saga_across_a_wipe_is_judged_on_its_history_and_its_surviving_epoch()
     assert judge(done, ["ship"], compensated=False) is None  # finished after the wipe
     assert judge(done + undone, ["ship"], True) == "ship after the compensation began"
     assert judge(done, ["refund", "refund"], True) == "refund twice"
+    # Redelivered after its worker died: the first attempt undone, the second whole.
+    assert judge([], [*done, *undone, *done, "ship"], compensated=False) is None
+    assert judge([], [*done, *done, "ship"], False) == (
+        "an earlier attempt was not undone before the saga ran again")
     assert judge(done, ["cancel_shipment"], True) == "cancel_shipment without ship before it"
     assert judge(done, ["refund"], True) == "['refund'] undone after the wipe took the step"
     assert judge(done, ["ship", "cancel_shipment"], False) == (

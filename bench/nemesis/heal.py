@@ -69,12 +69,12 @@ def replace_stuck_orders(load: Load, engine: Engine) -> None:
         counted = conn.execute(select(ORDER_ITEMS.c.order_id, func.count()).where(
             ORDER_ITEMS.c.state != ItemState.RESERVING).group_by(ORDER_ITEMS.c.order_id)).all()
     known = {str(order): int(n) for order, n in counted}
-    stuck = [o for o, items in load.orders.items() if known.get(o, 0) < len(items)]
+    stuck = [o for o, (_, items) in load.orders.items() if known.get(o, 0) < len(items)]
     said: dict[str, str] = {}
     for order_id in stuck:
         try:
             load.client.send_task("tasks.restock.place_order", args=[
-                order_id, "member-retry", load.orders[order_id]]).get(timeout=20)
+                order_id, *load.orders[order_id]]).get(timeout=20)
             said[order_id] = "placed"
         except Exception as exc:  # noqa: BLE001 - the application retries it next round
             said[order_id] = f"{type(exc).__name__}: {str(exc)[:80]}"

@@ -50,7 +50,7 @@ class Load:
     seed: int
     engine: Engine
     client: Any  # a Celery client through the fault proxy
-    orders: dict[str, list[list[Any]]] = field(default_factory=dict)
+    orders: dict[str, tuple[str, list[list[Any]]]] = field(default_factory=dict)  # member, items
     sagas: list[SagaSent] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     done: Counter[str] = field(default_factory=Counter)
@@ -131,9 +131,10 @@ class Load:
         order_id = f"nem-order-{n}"
         items = [[f"{order_id}-{k}", sku, rng.randint(1, 3)]
                  for k, sku in enumerate(rng.sample(sorted(SKUS), rng.randint(1, 2)))]
-        self.orders[order_id] = items  # recorded before sending: heal re-sends what is stuck
+        member = f"member-{rng.randrange(8)}"
+        self.orders[order_id] = (member, items)  # recorded before sending: heal re-sends it
         pay_after = rng.uniform(0, 6) if rng.random() < 0.5 else None
-        self._call("tasks.restock.place_order", order_id, f"member-{rng.randrange(8)}", items)
+        self._call("tasks.restock.place_order", order_id, member, items)
         if pay_after is not None:
             timer = threading.Timer(pay_after, self._pay, args=(order_id,))
             self._timers.append(timer)
