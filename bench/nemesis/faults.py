@@ -39,8 +39,10 @@ KINDS = (
 )
 VERBS = ("pause", "resume", "throttle", "cancel", "start")
 WARMUP_S = 3.0
-# The saga ledgers (order id and entries, flattened), read atomically before a wipe; with
-# ARGV[1] = 1 the script flushes everything in the same step, so no entry falls in between.
+# The saga ledgers, read atomically before a wipe. KEYS: none (it lists saga:* on the run's
+# private Redis, whose every ledger it must take: the one place a KEYS scan is the point).
+# ARGV[1]: "1" to FLUSHALL in the same step (no entry falls in between), "0" to only read (run
+# with EVAL_RO under CLIENT PAUSE WRITE before a restart). Returns [key, [entries], ...].
 SNAPSHOT = """
 local out = {}
 for _, key in ipairs(redis.call('KEYS', 'saga:*')) do
