@@ -266,7 +266,7 @@ class Nemesis:
             args: list[Any] = [JOB]
             if verb == "throttle":
                 args.append(5 + (fault.target >> i) % 50)
-            self.client.send_task(f"tasks.ranges.{verb}", args=args)
+            self.client.send_task(f"tasks.ranges.{verb}", args=args, ignore_result=True)
             said.append(" ".join(str(a) for a in [verb, *args[1:]]))
             time.sleep(0.1 + (fault.target >> (2 * i)) % 5 / 10)
         closing = [self.jobs("resume"), self.jobs("start"),

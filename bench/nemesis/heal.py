@@ -71,10 +71,13 @@ def replace_stuck_orders(load: Load, engine: Engine) -> None:
     known = {str(order): int(n) for order, n in counted}
     stuck = [o for o, (_, items) in load.orders.items() if known.get(o, 0) < len(items)]
     said: dict[str, str] = {}
-    for order_id in stuck:
+    load.renew()
+    sent = {order_id: load.client.send_task("tasks.restock.place_order", args=[
+        order_id, *load.orders[order_id]]) for order_id in stuck}
+    deadline = time.monotonic() + 20
+    for order_id, result in sent.items():
         try:
-            load.client.send_task("tasks.restock.place_order", args=[
-                order_id, *load.orders[order_id]]).get(timeout=20)
+            result.get(timeout=max(deadline - time.monotonic(), 0.1))
             said[order_id] = "placed"
         except Exception as exc:  # noqa: BLE001 - the application retries it next round
             said[order_id] = f"{type(exc).__name__}: {str(exc)[:80]}"

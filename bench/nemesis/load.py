@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ class Load:
 
     seed: int
     engine: Engine
-    client: Any  # a Celery client through the fault proxy
+    new_client: Callable[[], Any]  # a fresh Celery client through the fault proxy
     orders: dict[str, tuple[str, list[list[Any]]]] = field(default_factory=dict)  # member, items
     sagas: list[SagaSent] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
@@ -58,9 +59,17 @@ class Load:
     _threads: list[threading.Thread] = field(default_factory=list)
     _timers: list[threading.Timer] = field(default_factory=list)
     _t0: float = 0.0
+    client: Any = None
+
+    def renew(self) -> None:
+        """A new client: after a reset, Celery's Redis result consumer gives up for good
+        ("The Celery application must be restarted"), so the application makes a new one.
+        The old one is left to the threads still using it."""
+        self.client = self.new_client()
 
     def start(self) -> None:
         self._t0 = time.monotonic()
+        self.renew()
         loops: dict[str, Callable[[random.Random], None]] = {
             "sequence-a": self._sequence, "sequence-b": self._sequence,
             "app-ids": self._app_ids, "deletes": self._deletes,
@@ -124,7 +133,11 @@ class Load:
     # restock ------------------------------------------------------------------------------
 
     def _call(self, task: str, *args: Any) -> Any:
-        return self.client.send_task(task, args=list(args)).get(timeout=15)
+        try:
+            return self.client.send_task(task, args=list(args)).get(timeout=15)
+        except (TimeoutError, ConnectionError, OSError, RuntimeError):
+            self.renew()
+            raise
 
     def _orders(self, rng: random.Random) -> None:
         n = len(self.orders)
@@ -155,9 +168,13 @@ class Load:
         fail_at = rng.choice(FAIL_AT)
         revoke_after = rng.uniform(0.2, 1.5) if rng.random() < 0.25 else None
         sent_at = round(time.monotonic() - self._t0, 2)
-        result = self.client.send_task(SAGA, args=[order_id, fail_at, rng.uniform(0.1, 0.6)])
-        self.sagas.append(SagaSent(order_id, result.id, fail_at, sent_at, revoke_after is not None))
+        task_id = str(uuid.UUID(int=rng.getrandbits(128)))
+        # Recorded before it is sent: a send that fails after publishing is judged too (one
+        # never published leaves an empty ledger, which is whole). No result is awaited.
+        self.sagas.append(SagaSent(order_id, task_id, fail_at, sent_at, revoke_after is not None))
+        self.client.send_task(SAGA, args=[order_id, fail_at, rng.uniform(0.1, 0.6)],
+                              task_id=task_id, ignore_result=True)
         if revoke_after is not None:
             self._stop.wait(revoke_after)
-            self.client.control.revoke(result.id, terminate=True)
+            self.client.control.revoke(task_id, terminate=True)
         self._stop.wait(rng.uniform(0.3, 1.0))

@@ -155,7 +155,7 @@ def exercise(args: argparse.Namespace, engine: Engine, logs: Path) -> dict[str, 
         print(f"  {nemesis.jobs('start')}", flush=True)
         faults = schedule(args.seed, args.duration, args.ttl)
         print(f"schedule (seed {args.seed}): {len(faults)} faults {describe(faults)}", flush=True)
-        load = Load(args.seed, engine, client)
+        load = Load(args.seed, engine, lambda: client_for(env))
         began_db = _db_now(engine)
         load.start()
         nemesis.run(faults)
