@@ -145,7 +145,12 @@ def _verdict(args: argparse.Namespace, nemesis: Nemesis, found: Any, quiet_s: fl
 
 def exercise(args: argparse.Namespace, engine: Engine, logs: Path) -> dict[str, Any]:
     redis_proc = RedisProc(args.redis_port, logs).start()
-    proxy = FaultProxy(args.proxy_port, args.redis_port).start()
+    try:
+        proxy = FaultProxy(args.proxy_port, args.redis_port).start()
+    except OSError as exc:
+        redis_proc.kill()
+        raise SystemExit(f"bench nemesis: cannot listen on 127.0.0.1:{args.proxy_port} "
+                         f"({exc.strerror}); choose another --proxy-port") from None
     env = platform_env(args, f"redis://127.0.0.1:{args.proxy_port}/0")
     supervisor = start_fleet(env, logs)
     client = client_for(env)
