@@ -80,6 +80,12 @@ def _before(log: FaultLog, at: float) -> str:
     return f"after {kind} at t={t:.1f}s ({detail[:80]})"
 
 
+def _during(log: FaultLog, start: float, seconds: float = 15.0) -> str:
+    """The faults from shortly before `start` to `seconds` after it (a saga's lifetime)."""
+    near = [f"{kind} t={t:.1f}s" for t, kind, _ in log if start - 2 <= t <= start + seconds]
+    return f"faults around it: {', '.join(near[:5])}" if near else "no fault around it"
+
+
 def check_rows(engine: Engine, found: Findings, log: FaultLog, began: datetime) -> None:
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT id, times, created_at FROM nemesis_rows "
@@ -194,7 +200,7 @@ def check_sagas(engine: Engine, client: redis.Redis, sagas: Sequence[SagaSent],
         found.problems.append(f"saga {saga.order_id} (task {saga.task_id}, fail_at "
                               f"{saga.fail_at}, {how}, sent at t={saga.sent_at:.1f}s, journal "
                               f"{state}): {wrong}; ledger {before} before wipes + {now}, "
-                              f"{_before(log, saga.sent_at)}")
+                              f"{_during(log, saga.sent_at)}")
 
 
 def _text(value: bytes | str) -> str:

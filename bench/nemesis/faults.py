@@ -111,9 +111,10 @@ class Nemesis:
     _threads: list[threading.Thread] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def run(self, faults: list[Fault]) -> None:
-        """Apply every fault at its offset (this call returns after the last one began)."""
-        self.began = time.monotonic()
+    def run(self, faults: list[Fault], began: float) -> None:
+        """Apply every fault at its offset from `began` (monotonic; the load's origin too, so
+        the checker can say which fault came before what); returns after the last began."""
+        self.began = began
         for fault in faults:
             if self._stop.wait(max(self.began + fault.at - time.monotonic(), 0)):
                 return

@@ -67,8 +67,9 @@ class Load:
         The old one is left to the threads still using it."""
         self.client = self.new_client()
 
-    def start(self) -> None:
-        self._t0 = time.monotonic()
+    def start(self, began: float) -> None:
+        """Start the threads; times are recorded as seconds after `began` (monotonic)."""
+        self._t0 = began
         self.renew()
         loops: dict[str, Callable[[random.Random], None]] = {
             "sequence-a": self._sequence, "sequence-b": self._sequence,
