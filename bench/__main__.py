@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("lease", "range", "overhead", "restock", "control", "failover")
+BENCHMARKS = ("lease", "range", "overhead", "restock", "control", "failover", "nemesis")
 
 
 def main(argv: list[str]) -> int:
