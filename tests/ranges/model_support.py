@@ -23,21 +23,26 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import redis
-from sqlalchemy import Engine, Row, delete, event, insert, select
+from sqlalchemy import Engine, Row, delete, event, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from lease import Leases
 from lease.keys import lease_key
-from tasks.models import CM_DATA, RANGE_RUNS, WORK, Base
+from tasks.db import utcnow
+from tasks.models import CM_DATA, RANGE_RUNS, SCHEDULES, WORK, Base
+from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.jobs import Context, RangeJob
+from tasks.ranges.reconciler import Round, activate, reconcile_job
 from tasks.ranges.runner import PartitionRunner
 
 __all__ = ["Env", "step", "FakeClock", "Budget", "Crash", "crashing", "Paused", "Work", "Data",
            "reset", "work_rows", "data_rows", "run_state", "expire", "watch_reads",
-           "insert_rows", "delete_rows", "check_fence", "assert_reached", "BEFORE_BATCH",
-           "AFTER_READ"]
+           "insert_rows", "delete_rows", "check_fence", "assert_reached", "start_run",
+           "round_now", "holder_options", "BEFORE_BATCH", "AFTER_READ"]
 
 BEFORE_BATCH = "before-batch"  # parked after its lease check, before the batch transaction
 AFTER_READ = "after-read"  # parked inside the batch transaction, rows read, guard not yet run
@@ -54,6 +59,36 @@ class Env:
     sessions: sessionmaker[Session]
     client: redis.Redis
     kind: str
+
+
+def start_run(env: Env, controls: Controls, job: RangeJob) -> bool:
+    """What the start task does: `Controls.start`, then a reconcile round now (and `activate`,
+    which the start task called at dcdb868 and `Controls.start` does today). False: refused."""
+    try:
+        controls.start(job.name, "model")
+    except ControlRefused:
+        return False
+    activate(env.sessions, job)
+    round_now(env, job)
+    return True
+
+
+def round_now(env: Env, job: RangeJob) -> Round:
+    """One reconcile round, due now, every open partition free to go out; it sends nothing."""
+    with env.sessions.begin() as session:
+        session.execute(update(SCHEDULES).values(next_run_at=utcnow() - timedelta(hours=1)))
+        session.execute(update(WORK).values(dispatched_at=None))
+    return reconcile_job(env.sessions, env.client, job, lambda _job, _part: None, interval=60,
+                         grace=0, settle=0)
+
+
+def holder_options(env: Env, leases: Leases, clock: FakeClock, shutdown: Budget, owner: str,
+                   **more: Any) -> dict[str, Any]:
+    """A `PartitionRunner`'s keywords: the model's leases and clock, no retry waits, no
+    redelivery cap (crashes are the model's), no time slice."""
+    return {"sessions": env.sessions, "leases": leases, "lease_ttl": 30.0, "owner": owner,
+            "shutdown": shutdown, "clock": clock, "retry_delays": (0.01,), "crash_cap": 10**6,
+            "time_slice": 1e9, **more}
 
 
 def step(fn: F) -> F:
