@@ -346,8 +346,8 @@ class RangeProtocol(RuleBasedStateMachine):
 
 
 # A passing run takes well under the suite's 120 s; a failing one shrinks its example for up
-# to five minutes (hypothesis' own bound) before it reports it.
-@pytest.mark.timeout(600)
+# to five minutes (hypothesis' own bound) before it reports it. Longer runs get longer.
+@pytest.mark.timeout(600 * max(1, EXAMPLES * STEPS // 900))
 @pytest.mark.parametrize("db_kind", ["sqlite", "postgresql"], indirect=True)
 def test_the_range_protocol_keeps_its_invariants_under_random_steps(
     engine: Engine, sessions: sessionmaker[Session], redis_client: redis.Redis, db_kind: str
