@@ -365,7 +365,7 @@ def test_the_range_protocol_keeps_its_invariants_under_random_steps(
     support.assert_reached(machine.seen_counts, after_read=db_kind != "sqlite")
 
 
-@pytest.mark.xfail(strict=True, reason="platform bug found by the model: a cancelled run's "
+@pytest.mark.xfail(strict=True, reason="platform bug (found building the model): a cancelled run's "
                    "re-plan resets the partitions' fences to 0, so after Redis lost its fence "
                    "counters a new holder gets the fence a holder of the old run still has")
 @pytest.mark.parametrize("db_kind", ["postgresql"], indirect=True)
