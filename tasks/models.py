@@ -118,6 +118,10 @@ class Schedule(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     # When the job's last closing read began (tasks.ranges.closing; migration 0012).
     closed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # The highest fence of partitions a re-plan deleted (a start after cancel): new ones are
+    # planned with it, so a holder of the old plan is fenced out even if Redis lost its
+    # fence counters (migration 0012).
+    fence_floor: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class CmData(Base):

@@ -100,12 +100,24 @@ class Controls:
                         "reset_failed": activate_in(session, name)}
             replanned = 0
             if run is not None and run.state == RunState.CANCELLED:
-                replanned = affected(session.execute(delete(WORK).where(
-                    WORK.c.kind == "range", WORK.c.job == name)))
+                replanned = self._replan(session, name)
             run_id = open_run(session, name, actor, found.rows_per_s)
             reset = activate_in(session, name)
         report = {"run": run_id, "replanned": replanned, "reset_failed": reset}
         return self._copy_flags(name, report)
+
+    @staticmethod
+    def _replan(session: Session, job: str) -> int:
+        """Delete the job's partitions (the next round plans them anew), keeping their highest
+        fence as the floor of the new ones: a holder of the old plan that wakes up must be
+        fenced out even if Redis lost its fence counters meanwhile."""
+        highest = session.execute(select(func.max(WORK.c.fence)).where(
+            WORK.c.kind == "range", WORK.c.job == job)).scalar() or 0
+        session.execute(update(SCHEDULES).where(
+            SCHEDULES.c.name == range_schedule_name(job),
+            SCHEDULES.c.fence_floor < highest).values(fence_floor=highest))
+        return affected(session.execute(delete(WORK).where(
+            WORK.c.kind == "range", WORK.c.job == job)))
 
     def _check_plannable(self, job: RangeJob) -> None:
         """Refuse a start whose first reconcile round could not plan: the job's table

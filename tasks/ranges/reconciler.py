@@ -226,10 +226,13 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
         if not _hold(session, schedule_name(job.name), term):
             return False
         if missing:
+            # A re-planned job's partitions start at the old plan's highest fence.
+            floor = session.execute(select(SCHEDULES.c.fence_floor).where(
+                SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
             session.execute(insert(WORK), [
                 {"kind": "range", "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
-                 "next_id": p.lo, "fence": 0, "status": S.PENDING, "claims": 0, "rows_done": 0,
-                 "rate": 0.0, "crashes": 0} for p in missing])
+                 "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
+                 "rows_done": 0, "rate": 0.0, "crashes": 0} for p in missing])
         result.planned = len(missing)
     return True
 

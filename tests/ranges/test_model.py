@@ -365,9 +365,6 @@ def test_the_range_protocol_keeps_its_invariants_under_random_steps(
     support.assert_reached(machine.seen_counts, after_read=db_kind != "sqlite")
 
 
-@pytest.mark.xfail(strict=True, reason="platform bug (found building the model): a cancelled run's "
-                   "re-plan resets the partitions' fences to 0, so after Redis lost its fence "
-                   "counters a new holder gets the fence a holder of the old run still has")
 @pytest.mark.parametrize("db_kind", ["postgresql"], indirect=True)
 def test_a_holder_of_a_cancelled_run_is_fenced_out_of_its_replanned_partition(
     engine: Engine, sessions: sessionmaker[Session], redis_client: redis.Redis
