@@ -18,8 +18,8 @@ until a closing read finds nothing; that read and the `done` update are one tran
     t2  closing read of 1..hi with `status = 0` finds 101: processed; the next closing read
         finds nothing, and the partition is done in that same transaction
 
-A row committed after the closing read is found by the reconciler's late-commit check
-(`RANGE_SETTLE` after the partition finished) or, above the checkpoint, by its growth check.
+A row committed after the closing read is found by the run's closing round, which begins once
+every partition finished (`tasks.ranges.closing`).
 
 The keyset pass ends at its first empty read or at a batch shorter than it asked for (that read
 saw every matching row up to `hi`); either way the closing pass reads the whole range again.
@@ -276,9 +276,9 @@ class Batches:
         self._pending_skips = frozenset()
         with self.row.sessions.begin() as session:
             conn = session.connection(execution_options=WRITE_INTENT)
-            # The highest id read *before* the closing read: a row committed after that read
-            # with a higher id reopens the partition (growth); one with an id up to `top` is
-            # found by the late-commit check.
+            # The highest id read *before* the closing read: the done row's checkpoint is
+            # past it (what status shows as ids walked; the run's closing round, not this
+            # number, decides what is left).
             top = conn.execute(self._top).scalar()
             rows = self._fetch(conn, self.partition.lo, self.sizer.size)
             if not rows:
