@@ -19,8 +19,9 @@ their exceptions from :mod:`tasks.restock.replies`; loading and NOSCRIPT handlin
 platform's (`lease.scripts.load_lua`, `lease.scripts.run_script`).
 
 One clock: entry times and "now" come from the node itself (Redis ``TIME``, read inside
-deduct.lua, due.lua and take.lua), never from a worker's wall clock, so a worker whose clock is off
-moves no due time and releases nothing early. Tests substitute a fake *node* clock (shared by
+deduct.lua, sync.lua, due.lua and take.lua), never from a worker's wall clock, so a worker
+whose clock is off moves no due time and releases nothing early; sync.lua clamps a stream
+time ahead of that clock to it. Tests substitute a fake *node* clock (shared by
 every process of the test) through ``StockScripts(clock=...)``; production passes none.
 
 One generation: the database records the node's term (every rebuild) and every deduction's
@@ -202,12 +203,16 @@ class StockScripts:
     ) -> int:
         """Move up to `count` redo-log entries into the delay queue; return how many moved.
 
-        Raises NodeMaintaining or QueueFull; the entries then stay in the log for a later call.
+        An entry is due `delay_ms` after its time, a time ahead of the node's clock (or not a
+        time) counting as the node's now; a queued due time past now + delay + capacity is
+        re-scored as if synced now (sync.lua). Raises NodeMaintaining or QueueFull; the
+        entries then stay in the log for a later call.
         """
         if count <= 0 or capacity <= 0 or delay_ms < 0:
             raise ValueError("count and capacity must be positive, delay_ms non-negative")
         code, detail = (reply_text(part) for part in self.run(
-            self.sync_script, sync_keys(redis_id, queue), [count, capacity, delay_ms]))
+            self.sync_script, sync_keys(redis_id, queue),
+            [count, capacity, delay_ms, self._now_arg()]))
         raise_for(code, detail)
         return int(detail)
 
