@@ -121,11 +121,12 @@ class Deduction:
 
 @dataclass(frozen=True)
 class RestockResult:
-    """What restock.lua did with one entry."""
+    """What restock.lua did with one entry; `detail` says why for a FAILED one."""
 
     entry: RedoEntry
     status: str
     action: Action
+    detail: str = ""
 
 
 class StockScripts:
@@ -242,8 +243,10 @@ class StockScripts:
     ) -> list[RestockResult]:
         """Apply `batch` of (entry, paid) in offset order; return one result per entry.
 
-        `paid` comes from the database. Raises NodeMaintaining or LockNotHeld when the whole
-        batch was refused (nothing changed).
+        `paid` comes from the database. An entry the script could not apply is FAILED (its
+        `detail` says why) with nothing changed for it; the others are applied. Raises
+        NodeMaintaining or LockNotHeld when the whole batch was refused, and ResponseError
+        (WRONGTYPE) when a key it writes holds another type: nothing changed then.
         """
         for entry, _paid in batch:
             if entry.redis_id != redis_id or entry.queue != queue:
@@ -263,14 +266,17 @@ class StockScripts:
         for (entry, paid), text in zip(batch, texts, strict=True):
             args += [text, entry.order_item_id, entry.sku_id, entry.sku_num, entry.offset,
                      entry.term, "1" if paid else "0"]
-        statuses = [reply_text(s) for s in self.run(self.restock_script, keys, args)]
+        # One status per entry; 'FAILED:<reason>' carries its reason.
+        statuses = [reply_text(s).partition(":")
+                    for s in self.run(self.restock_script, keys, args)]
         if len(statuses) != len(batch):
             raise UnexpectedReply("BAD_REPLY", f"{len(statuses)} statuses for {len(batch)}")
-        raise_for(statuses[0], f"batch of {len(batch)} on node {redis_id} queue {queue!r}")
+        raise_for(statuses[0][0], f"batch of {len(batch)} on node {redis_id} queue {queue!r}")
         results = []
-        for (entry, _paid), status, text in zip(batch, statuses, texts, strict=True):
+        for (entry, _paid), (status, _, detail), text in zip(batch, statuses, texts,
+                                                            strict=True):
             raise_for(status, text)
-            results.append(RestockResult(entry=entry, status=status, action=ACTIONS[status]))
+            results.append(RestockResult(entry, status, ACTIONS[status], detail))
         return results
 
     # discard -----------------------------------------------------------------------------
