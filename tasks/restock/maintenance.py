@@ -48,6 +48,7 @@ from lease import Lease, LeaseLost, NotAcquired
 from tasks.db import WRITE_INTENT, utcnow
 from tasks.deadletter import DeadLetters
 from tasks.models import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
+from tasks.restock.holds import recorded_generation
 from tasks.restock.keys import (
     deducted_key,
     maintenance_lease_name,
@@ -61,7 +62,6 @@ from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, format_entry, parse_entry
 from tasks.restock.replies import LockNotHeld
 from tasks.restock.scripts import Generation, Reissue
-from tasks.restock.shop import recorded_generation
 
 __all__ = ["MAX_ATTEMPTS", "REBUILD_DEAD_LETTER_KIND", "RebuildOutcome", "RebuildReport",
            "Rebuilder"]
