@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.db import WRITE_INTENT, utcnow
 from tasks.models import ORDER_ITEMS, ORDERS, PAYMENTS, SKUS, ItemState
-from tasks.restock.holds import LOST_DEDUCTION, recorded_generation, take_back_lost
+from tasks.restock.holds import check_holds, recorded_generation
 from tasks.restock.keys import stock_key
 from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
 from tasks.restock.replies import InsufficientStock, NodeMaintaining, NodeStale, UnknownSku
@@ -331,15 +331,15 @@ class Shop:
                     .values(**values))
 
     def _check_held(self, order_id: str) -> None:
-        """Take back every held item of the order whose node lost its deduction before it
-        was recorded (tasks.restock.holds); raise StockUnavailable if any, so the retry
-        deducts it afresh."""
+        """Check that each held item's node still holds its deduction (tasks.restock.holds);
+        raise StockUnavailable if an item was taken back, so the retry deducts it afresh."""
         try:
-            lost = take_back_lost(self.sessions, self.nodes, order_id)
+            changed = check_holds(self.sessions, self.nodes, order_id)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StockUnavailable(f"a node of order {order_id} is unreachable: {exc}") from exc
-        if lost:
-            raise StockUnavailable(f"{LOST_DEDUCTION}: {', '.join(lost)} deduct again on retry")
+        if changed:
+            raise StockUnavailable(f"the stock node lost the deduction of {', '.join(changed)} "
+                                   "(restarted or restored before it was recorded): retry")
 
     def _results(self, order_id: str) -> list[ItemResult]:
         with self.sessions() as session:

@@ -6,18 +6,22 @@ stale, and both orders were paid (20 paid of a total of 10).
 
 place_order now checks, after recording, that each held item's deduction is still on record
 on its node, and takes the record back when it is not (the item is 'reserving' again and
-the call fails with StockUnavailable, so the task's retry deducts it afresh)."""
+the call fails with StockUnavailable, so the task's retry deducts it afresh). It also finds
+another order's item recorded at its offset whose deduction the node lost (a restore landed
+while this order was deducting on a generation read before that item's record)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 
 from tasks.models import ItemState
 from tasks.restock.maintenance import RebuildOutcome
-from tasks.restock.shop import OrderError, Shop, StockUnavailable
+from tasks.restock.scripts import Deduction, StockScripts
+from tasks.restock.shop import OrderError, OrderPending, Shop, StockUnavailable
 from tests.restock.conftest import World
 
 EVERY_DATABASE = pytest.mark.parametrize("db_kind", ["sqlite", "postgresql", "mariadb"])
@@ -100,4 +104,61 @@ def test_a_deduction_lost_in_a_node_restore_before_its_record_lands_is_not_sold_
     assert world.stock("sku-a") == TOTAL - held - paid
     assert {r.order_item_id: r.state for r in world.shop._results("o-p")} == {
         "p": ItemState.REJECTED}
+    world.check_conserved()
+
+
+class PausingScripts(StockScripts):
+    """A node's scripts that run `pause` once, before the first deduction: the order has read
+    the node's generation by then."""
+
+    def __init__(self, client: Any, clock: Callable[[], int],
+                 pause: Callable[[], None]) -> None:
+        super().__init__(client, clock)
+        self.pause: Callable[[], None] | None = pause
+
+    def deduct(self, *args: Any, **kwargs: Any) -> Deduction:
+        pause, self.pause = self.pause, None
+        if pause is not None:
+            pause()
+        return super().deduct(*args, **kwargs)
+
+
+@EVERY_DATABASE
+@pytest.mark.parametrize("x_paid", [False, True], ids=["x-held", "x-paid"])
+def test_an_offset_handed_out_twice_leaves_one_owner_of_the_units(
+    world: World, x_paid: bool
+) -> None:
+    """q reads the generation, then x is placed (recorded and checked) and maybe paid, then
+    the node goes back to a snapshot from before x, and q deducts: the node hands x's offset
+    to q. q's check finds x at its offset and not on record: x goes back to 'reserving' (its
+    retry finds no stock), or, x being paid, q is rejected and the node rebuilt."""
+    world.shop.define_sku("sku-a", TOTAL)
+    world.rebuild_all()
+    restore_node = back_to_snapshot(world)
+
+    def meanwhile() -> None:
+        (x,) = world.shop.place_order("o-x", "m-1", [["x", "sku-a", TOTAL]])
+        assert x.state == ItemState.HELD
+        if x_paid:
+            world.shop.pay("o-x")
+        restore_node()
+
+    scripts = [PausingScripts(world.nodes[0].client, world.clock, meanwhile),
+               world.nodes[1].scripts]
+    try:
+        Shop(world.sessions, scripts, world.router).place_order(
+            "o-q", "m-1", [["q", "sku-a", TOTAL]])
+    except StockUnavailable:
+        place_until_settled(world.shop, "o-q", "q")  # its task's retry
+    for order_id, item in (("o-x", "x"), ("o-q", "q")):  # each customer pays
+        try:
+            try_to_pay(world, order_id)
+        except OrderPending:  # as it says: place the order again, then pay
+            place_until_settled(world.shop, order_id, item)
+            try_to_pay(world, order_id)
+    paid, held = world.qty("sku-a", ItemState.PAID), world.qty("sku-a", ItemState.HELD)
+    assert paid == TOTAL and held == 0, f"{paid} paid of a total of {TOTAL}"
+    assert world.rebuilders[0].stale() is x_paid  # marked stale: rebuilt at the next tick
+    world.rebuild_all()
+    assert world.stock("sku-a") == 0
     world.check_conserved()
