@@ -71,9 +71,9 @@ for k = 1, n do
     local raw = redis.call('HGET', KEYS[4], sku)
     local stored = tonumber(raw or '0')
     local on_record = redis.call('HGET', KEYS[6], order_item) == entry
-    local status
+    local status, failed
     if stored == nil then
-        status = 'FAILED:the restocked offset of ' .. sku .. ' is not a number: ' .. raw
+        failed = 'the restocked offset of ' .. sku .. ' is not a number: ' .. string.sub(raw, 1, 64)
     elseif ARGV[base + 5] ~= term then
         status = 'WRONG_TERM'
     elseif offset <= stored and not on_record then
@@ -85,12 +85,14 @@ for k = 1, n do
     else
         local added = redis.pcall('HINCRBY', KEYS[5], sku, qty)
         if type(added) == 'table' and added.err then
-            status = 'FAILED:' .. added.err
+            failed = added.err
         else
             status = 'SUCCESS'
         end
     end
-    if string.sub(status, 1, 7) ~= 'FAILED:' then
+    if failed then
+        status = 'FAILED:' .. failed
+    else
         if (status == 'PAID' or status == 'SUCCESS') and offset > stored then
             redis.call('HSET', KEYS[4], sku, offset)
         end
