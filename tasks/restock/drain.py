@@ -24,9 +24,11 @@ that takes `max_attempts` drainers down with it is dead-lettered (the platform's
 REDELIVERY_CAP), and nothing retries it forever.
 
 Members are bytes end to end: a member that is not an entry (not UTF-8, wrong fields, another
-queue's) is dead-lettered at once and removed exactly as stored. An entry whose script call
-fails (e.g. a corrupt stock value) is retried until its attempts reach the cap, then
-dead-lettered. A dead letter is written to the database before the entry leaves the queue.
+queue's) is dead-lettered at once and removed exactly as stored. An entry restock.lua cannot
+apply (FAILED, e.g. a corrupt stock value; the rest of its batch is applied and recorded) is
+retried until its attempts reach the cap, then dead-lettered; so is each entry of a batch the
+script refuses whole (an error reply: a key of the wrong type), retried entry by entry. A dead
+letter is written to the database before the entry leaves the queue.
 Database or Redis outages stop the run and give the batch's attempts back (best effort):
 nothing is lost, the next run resumes.
 """
@@ -52,7 +54,7 @@ from tasks.models import ORDER_ITEMS, ItemState
 from tasks.restock.keys import attempts_key, delay_key, drain_lease_name
 from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, RedoEntry, parse_entry
-from tasks.restock.replies import SUCCESS, LockNotHeld, NodeMaintaining, QueueFull
+from tasks.restock.replies import SUCCESS, Action, LockNotHeld, NodeMaintaining, QueueFull
 from tasks.restock.scripts import DEFAULT_CAPACITY, DEFAULT_DELAY_MS, RestockResult
 from tasks.validate import quote
 
@@ -262,6 +264,7 @@ class Drainer:
         if self.before_restock is not None:
             self.before_restock(parsed)
         batch = [(e, e.order_item_id in paid) for e in parsed]
+        counts = {member: pending[member] for member, _ in entries}
         try:
             results = self._restock(queue, token, batch)
         except redis.ResponseError as exc:
@@ -270,8 +273,14 @@ class Drainer:
             log.warning("restock batch on node %d queue %s failed (%s); entry by entry",
                         self.node.redis_id, queue, exc)
             results = self._one_by_one(queue, token, entries, batch, pending, report)
-        for member, _entry in entries:  # restock.lua removed them with their counts
+        for member, _entry in entries:  # settled with their counts, or failed: no count back
             pending.pop(member, None)
+        members = {entry: member for member, entry in entries}
+        for result in results:
+            if result.action is Action.FAILED:
+                member = members[result.entry]
+                self._failed_attempt(queue, token, member, counts[member], result.detail,
+                                     report)
         self._record(results, report)
 
     def _restock(self, queue: str, token: str, batch: list[tuple[RedoEntry, bool]]
@@ -314,7 +323,8 @@ class Drainer:
     def _record(self, results: list[RestockResult], report: DrainReport) -> None:
         done = sorted({r.entry.order_item_id for r in results if r.status == SUCCESS})
         for r in results:
-            report.statuses[r.status] += 1
+            if r.action is not Action.FAILED:  # counted as retried or dead-lettered
+                report.statuses[r.status] += 1
         if done:
             with self.sessions.begin() as session:
                 session.execute(update(ORDER_ITEMS)

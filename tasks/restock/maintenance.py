@@ -9,10 +9,12 @@ syncs and drains wait and nothing moves under the recount::
          process counts); past the cap: one dead letter, then DEAD_LETTERED until the
          count's TTL (one maintenance interval) ends or an operator forces a rebuild
       1  DB, one snapshot (REPEATABLE READ; SQLite's read transaction), read in chunks with a
-         heartbeat after each: the node's SKUs (totals), per chunk of SKUs the sum of their
-         paid stock (GROUP BY: paid history is never loaded row by row), the items that
+         heartbeat after each: the node's SKUs (totals), the highest offset an item
+         recorded, the paid stock per SKU summed by the database per range of `chunk`
+         offsets (GROUP BY: paid history is never loaded row by row, and no statement covers
+         more than about `chunk` items, however long a SKU's history), and the items that
          hold stock unpaid (held, and 'reserving' items whose deduction is on record in
-         Redis), and the highest offset an item recorded
+         Redis)
       2  DB: term = max(database term, Redis term) + 1, committed first, so a term is never
          handed out twice even if Redis restarted empty
       3  rebuild.lua in chunks (token-checked): term, offset counter >= the database's,
@@ -48,6 +50,7 @@ from lease import Lease, LeaseLost, NotAcquired
 from tasks.db import WRITE_INTENT, utcnow
 from tasks.deadletter import DeadLetters
 from tasks.models import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
+from tasks.restock.holds import recorded_generation
 from tasks.restock.keys import (
     deducted_key,
     maintenance_lease_name,
@@ -61,7 +64,6 @@ from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, format_entry, parse_entry
 from tasks.restock.replies import LockNotHeld
 from tasks.restock.scripts import Generation, Reissue
-from tasks.restock.shop import recorded_generation
 
 __all__ = ["MAX_ATTEMPTS", "REBUILD_DEAD_LETTER_KIND", "RebuildOutcome", "RebuildReport",
            "Rebuilder"]
@@ -272,21 +274,39 @@ class Rebuilder:
             skus = [(r.sku_id, int(r.total)) for r in session.execute(
                 select(SKUS.c.sku_id, SKUS.c.total).where(SKUS.c.redis_id == node)
                 .order_by(SKUS.c.sku_id))]
-            out: dict[str, int] = defaultdict(int)
-            for part in _chunks(skus, self.chunk):
-                for sku_id, qty in session.execute(
-                        select(ORDER_ITEMS.c.sku_id, func.sum(ORDER_ITEMS.c.qty))
-                        .where(ORDER_ITEMS.c.sku_id.in_([sku for sku, _ in part]),
-                               ORDER_ITEMS.c.state == ItemState.PAID)
-                        .group_by(ORDER_ITEMS.c.sku_id)):
-                    out[sku_id] += int(qty)
-                self._progress(lease)
+            out = self._paid(session, lease, generation.offset)
             unpaid = self._unpaid(session, lease)
         holding = self._holding(unpaid)
         for item in holding:
             out[item.sku_id] += item.qty
         holding.sort(key=lambda item: (item.time_ms, item.order_item_id))
         return _Read(generation, skus, out, holding)
+
+    def _paid(self, session: Session, lease: Lease, max_offset: int) -> dict[str, int]:
+        """Units paid per SKU of the node, summed by the database one range of `chunk`
+        offsets at a time (index (redis_id, redo_offset); offsets are handed out once per
+        node, so a range holds at most about `chunk` items): every statement is bounded by
+        items, however many a SKU has. An item is the node's by its own redis_id (a change of
+        RESTOCK_SHARDS moves every item with its SKU: docs/decisions.md). Paid items
+        recorded before offsets existed (migration 0006) have none and are summed in one
+        statement, only if there are any."""
+        node = self.node.redis_id
+        paid = (ORDER_ITEMS.c.redis_id == node, ORDER_ITEMS.c.state == ItemState.PAID)
+        out: dict[str, int] = defaultdict(int)
+
+        def add(*where: Any) -> None:
+            for sku_id, qty in session.execute(
+                    select(ORDER_ITEMS.c.sku_id, func.sum(ORDER_ITEMS.c.qty))
+                    .where(*paid, *where).group_by(ORDER_ITEMS.c.sku_id)):
+                out[sku_id] += int(qty)
+            self._progress(lease)
+
+        for low in range(0, max_offset, self.chunk):
+            add(ORDER_ITEMS.c.redo_offset > low, ORDER_ITEMS.c.redo_offset <= low + self.chunk)
+        if session.execute(select(ORDER_ITEMS.c.order_item_id)
+                           .where(*paid, ORDER_ITEMS.c.redo_offset.is_(None)).limit(1)).first():
+            add(ORDER_ITEMS.c.redo_offset.is_(None))
+        return out
 
     def _unpaid(self, session: Session, lease: Lease) -> list[Any]:
         """The node's 'held' and 'reserving' items, by keyset chunks (a delay's worth)."""

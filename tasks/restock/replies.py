@@ -15,6 +15,7 @@ __all__ = [
     "ACTIONS",
     "BAD_QUANTITY",
     "DUPLICATE",
+    "FAILED",
     "FULL",
     "HAS_BEEN_CONSUMED",
     "INSUFFICIENT",
@@ -53,6 +54,7 @@ LOCK_FAILED = "LOCK_FAILED"
 WRONG_TERM = "WRONG_TERM"
 HAS_BEEN_CONSUMED = "HAS_BEEN_CONSUMED"
 PAID = "PAID"
+FAILED = "FAILED"
 
 
 class Action(enum.Enum):
@@ -64,6 +66,7 @@ class Action(enum.Enum):
     SKIPPED = "skipped"  # entry consumed without a stock change; entry removed
     ABORT_BATCH = "abort_batch"  # node busy or queue full: stop, try again later
     REACQUIRE = "reacquire"  # the drain lock is not ours: stop the batch, re-acquire first
+    FAILED = "failed"  # this entry could not be applied, nothing changed for it: an attempt
 
 
 # The one mapping from reply code to action.
@@ -81,6 +84,7 @@ ACTIONS: dict[str, Action] = {
     HAS_BEEN_CONSUMED: Action.SKIPPED,
     PAID: Action.SKIPPED,
     LOCK_FAILED: Action.REACQUIRE,
+    FAILED: Action.FAILED,
 }
 
 

@@ -19,8 +19,9 @@ their exceptions from :mod:`tasks.restock.replies`; loading and NOSCRIPT handlin
 platform's (`lease.scripts.load_lua`, `lease.scripts.run_script`).
 
 One clock: entry times and "now" come from the node itself (Redis ``TIME``, read inside
-deduct.lua, due.lua and take.lua), never from a worker's wall clock, so a worker whose clock is off
-moves no due time and releases nothing early. Tests substitute a fake *node* clock (shared by
+deduct.lua, sync.lua, due.lua and take.lua), never from a worker's wall clock, so a worker
+whose clock is off moves no due time and releases nothing early; sync.lua clamps a stream
+time ahead of that clock to it. Tests substitute a fake *node* clock (shared by
 every process of the test) through ``StockScripts(clock=...)``; production passes none.
 
 One generation: the database records the node's term (every rebuild) and every deduction's
@@ -120,11 +121,12 @@ class Deduction:
 
 @dataclass(frozen=True)
 class RestockResult:
-    """What restock.lua did with one entry."""
+    """What restock.lua did with one entry; `detail` says why for a FAILED one."""
 
     entry: RedoEntry
     status: str
     action: Action
+    detail: str = ""
 
 
 class StockScripts:
@@ -202,12 +204,16 @@ class StockScripts:
     ) -> int:
         """Move up to `count` redo-log entries into the delay queue; return how many moved.
 
-        Raises NodeMaintaining or QueueFull; the entries then stay in the log for a later call.
+        An entry is due `delay_ms` after its time, a time ahead of the node's clock (or not a
+        time) counting as the node's now; a queued due time past now + delay + capacity is
+        re-scored as if synced now (sync.lua). Raises NodeMaintaining or QueueFull; the
+        entries then stay in the log for a later call.
         """
         if count <= 0 or capacity <= 0 or delay_ms < 0:
             raise ValueError("count and capacity must be positive, delay_ms non-negative")
         code, detail = (reply_text(part) for part in self.run(
-            self.sync_script, sync_keys(redis_id, queue), [count, capacity, delay_ms]))
+            self.sync_script, sync_keys(redis_id, queue),
+            [count, capacity, delay_ms, self._now_arg()]))
         raise_for(code, detail)
         return int(detail)
 
@@ -237,8 +243,10 @@ class StockScripts:
     ) -> list[RestockResult]:
         """Apply `batch` of (entry, paid) in offset order; return one result per entry.
 
-        `paid` comes from the database. Raises NodeMaintaining or LockNotHeld when the whole
-        batch was refused (nothing changed).
+        `paid` comes from the database. An entry the script could not apply is FAILED (its
+        `detail` says why) with nothing changed for it; the others are applied. Raises
+        NodeMaintaining or LockNotHeld when the whole batch was refused, and ResponseError
+        (WRONGTYPE) when a key it writes holds another type: nothing changed then.
         """
         for entry, _paid in batch:
             if entry.redis_id != redis_id or entry.queue != queue:
@@ -258,14 +266,17 @@ class StockScripts:
         for (entry, paid), text in zip(batch, texts, strict=True):
             args += [text, entry.order_item_id, entry.sku_id, entry.sku_num, entry.offset,
                      entry.term, "1" if paid else "0"]
-        statuses = [reply_text(s) for s in self.run(self.restock_script, keys, args)]
+        # One status per entry; 'FAILED:<reason>' carries its reason.
+        statuses = [reply_text(s).partition(":")
+                    for s in self.run(self.restock_script, keys, args)]
         if len(statuses) != len(batch):
             raise UnexpectedReply("BAD_REPLY", f"{len(statuses)} statuses for {len(batch)}")
-        raise_for(statuses[0], f"batch of {len(batch)} on node {redis_id} queue {queue!r}")
+        raise_for(statuses[0][0], f"batch of {len(batch)} on node {redis_id} queue {queue!r}")
         results = []
-        for (entry, _paid), status, text in zip(batch, statuses, texts, strict=True):
+        for (entry, _paid), (status, _, detail), text in zip(batch, statuses, texts,
+                                                            strict=True):
             raise_for(status, text)
-            results.append(RestockResult(entry=entry, status=status, action=ACTIONS[status]))
+            results.append(RestockResult(entry, status, ACTIONS[status], detail))
         return results
 
     # discard -----------------------------------------------------------------------------

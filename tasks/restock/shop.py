@@ -6,6 +6,7 @@ Redis holds the stock that is free right now. Placing an order records its items
 entry the drainer later restocks from), then records the outcome::
 
     place_order   DB: items 'reserving'  ->  Redis: deduct.lua per item  ->  DB: 'held'
+                  ->  Redis: each held item's deduction still on record? (else 'reserving')
     pay           DB: 'held' -> 'paid' for every item of the order, one transaction
     drainer       DB: 'held' -> 'released' (unpaid past the delay)  ->  Redis: restock.lua
 
@@ -20,13 +21,15 @@ this module reads no clock for any decision (``utcnow`` only stamps rows).
 Generation: each deduction passes the node's generation as the database knows it (the term
 of its last rebuild, the highest offset an item recorded); a node behind it refuses (STALE)
 until rebuilt, so a node restored from an older snapshot cannot sell the same stock twice.
+A deduction the node lost before the database recorded it is caught by the check after
+recording (tasks.restock.holds).
 
 Routing: the `Router` (tasks.restock.routing) picks a SKU's node and a member's delay queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +39,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.db import WRITE_INTENT, utcnow
-from tasks.models import ORDER_ITEMS, ORDERS, PAYMENTS, RESTOCK_NODES, SKUS, ItemState
+from tasks.models import ORDER_ITEMS, ORDERS, PAYMENTS, SKUS, ItemState
+from tasks.restock.holds import check_holds, recorded_generation
 from tasks.restock.keys import stock_key
 from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
 from tasks.restock.replies import InsufficientStock, NodeMaintaining, NodeStale, UnknownSku
@@ -55,18 +59,7 @@ __all__ = [
     "SkuView",
     "StockUnavailable",
     "UnknownOrder",
-    "recorded_generation",
 ]
-
-
-def recorded_generation(session: Session, redis_id: int) -> Generation:
-    """Node `redis_id`'s generation as the database recorded it: the term of its last rebuild
-    and the highest offset any of its order items holds (0 when none)."""
-    term = session.execute(select(RESTOCK_NODES.c.term)
-                           .where(RESTOCK_NODES.c.redis_id == redis_id)).scalar()
-    offset = session.execute(select(func.max(ORDER_ITEMS.c.redo_offset))
-                             .where(ORDER_ITEMS.c.redis_id == redis_id)).scalar()
-    return Generation(term=int(term or 0), offset=int(offset or 0))
 
 
 class OrderError(ValueError):
@@ -173,19 +166,26 @@ def _id(field_name: str, value: Any) -> str:
 
 class Shop:
     """The restock feature's user-facing API. `nodes[i]` runs the scripts of shard i (on its
-    Redis: several shards may share one client)."""
+    Redis: several shards may share one client).
+
+    `before_settle` is a test seam run after an order's deductions, before they are recorded
+    (a stall; what it raises propagates once they are recorded, unchecked, as when the
+    process dies there).
+    """
 
     def __init__(
         self,
         sessions: sessionmaker[Session],
         nodes: Sequence[StockScripts],
         router: Router,
+        before_settle: Callable[[], None] | None = None,
     ) -> None:
         if len(nodes) != router.shards:
             raise ValueError(f"{len(nodes)} shard clients for a router of {router.shards} shards")
         self.sessions = sessions
         self.nodes = list(nodes)
         self.router = router
+        self.before_settle = before_settle
 
     # SKUs --------------------------------------------------------------------------------
 
@@ -235,8 +235,11 @@ class Shop:
         try:
             for row in pending:
                 outcomes.append(self._deduct(row, generations[row.redis_id]))
+            if self.before_settle is not None:
+                self.before_settle()
         finally:
             self._settle(outcomes)
+        self._check_held(order_id)
         return self._results(order_id)
 
     def _record(self, order_id: str, member_id: str, lines: list[Line]
@@ -326,6 +329,17 @@ class Shop:
                     .where(ORDER_ITEMS.c.order_item_id == out.order_item_id,
                            ORDER_ITEMS.c.state == ItemState.RESERVING)
                     .values(**values))
+
+    def _check_held(self, order_id: str) -> None:
+        """Check that each held item's node still holds its deduction (tasks.restock.holds);
+        raise StockUnavailable if an item was taken back, so the retry deducts it afresh."""
+        try:
+            changed = check_holds(self.sessions, self.nodes, order_id)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StockUnavailable(f"a node of order {order_id} is unreachable: {exc}") from exc
+        if changed:
+            raise StockUnavailable(f"the stock node lost the deduction of {', '.join(changed)} "
+                                   "(restarted or restored before it was recorded): retry")
 
     def _results(self, order_id: str) -> list[ItemResult]:
         with self.sessions() as session:

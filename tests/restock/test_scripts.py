@@ -359,7 +359,7 @@ def test_restock_mixed_batch(scripts: StockScripts, client: redis.Redis) -> None
 def test_every_reply_code_has_one_action() -> None:
     codes = {"OK", "UNKNOWN_SKU", "BAD_QUANTITY", "DUPLICATE", "INSUFFICIENT", "MAINTAINING",
              "STALE", "FULL", "SUCCESS", "LOCK_FAILED", "WRONG_TERM", "HAS_BEEN_CONSUMED",
-             "PAID"}
+             "PAID", "FAILED"}
     assert set(ACTIONS) == codes
 
 
