@@ -13,18 +13,28 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
 from lease.keys import lease_key
+from tasks.db import utcnow
 from tasks.deadletter import DeadLetters
 from tasks.keys import journal_lease_name
-from tasks.rollback import Journal, RollbackReport, compensation, rollback, set_journal
+from tasks.rollback import (
+    JOURNAL,
+    Journal,
+    RollbackReport,
+    compensation,
+    rollback,
+    set_journal,
+)
+from tasks.rollback.runner import STUCK_AFTER
 from tasks.rollback.sweeper import Sweeper, TakeBack
 from tests.rollback.conftest import FAST
 from tests.rollback.test_takeover import owner_state, rows
@@ -123,3 +133,36 @@ def test_a_step_claimed_by_the_lost_owner_is_compensated_once_by_the_new_owner(
     assert DeadLetters(owner.sessions).list("compensation") == []
     assert sweeper.sweep(redis_client) == 0  # nothing left: exactly once
     assert undone == ["charge", "reserve_stock"]
+
+
+def test_a_step_a_dead_sweep_left_compensating_is_taken_over_again_once_stuck(
+    owner: Journal, redis_client: redis.Redis
+) -> None:
+    task_id = "t-stuck-sweep"
+    owner.record(task_id, "tests.stuck", 0, "reserve_stock", "test.gated_release",
+                 {"step": "reserve_stock"})
+    owner.close(task_id)  # its process is gone: the lease released, the owners row running
+    sweeper = Sweeper(owner.sessions, FAST)
+    reports: list[int] = []
+    # A sweep claims the step and hangs in its compensation (its worker will never finish).
+    thread = threading.Thread(target=lambda: reports.append(sweeper.sweep(redis_client)),
+                              name=FIRST, daemon=True)
+    thread.start()
+    assert entered.wait(10), "the first sweep never reached the step"
+    assert sweeper.sweep(redis_client) == 0  # a live claim is left to its runner
+    assert rows(owner, task_id) == [("reserve_stock", "compensating")] and undone == []
+
+    # STUCK_AFTER later (aged here rather than waited for), the next sweep takes it over.
+    with owner.sessions.begin() as session:
+        session.execute(update(JOURNAL).where(JOURNAL.c.task_id == task_id).values(
+            updated_at=utcnow() - timedelta(seconds=STUCK_AFTER + 1)))
+    assert sweeper.sweep(redis_client) == 1
+    assert rows(owner, task_id) == [("reserve_stock", "compensated")]
+    assert undone == ["reserve_stock"] and owner_state(owner, task_id) == "taken_over"
+
+    redis_client.set(GATE, "1")  # the stuck sweep wakes up: fenced, it buries nothing
+    thread.join(10)
+    assert not thread.is_alive() and reports == [0]
+    assert rows(owner, task_id) == [("reserve_stock", "compensated")]
+    assert DeadLetters(owner.sessions).list("compensation") == []
+    assert sweeper.sweep(redis_client) == 0 and undone == ["reserve_stock"]
