@@ -51,8 +51,11 @@ The journal lease is acquired at the first step with progress=False: the process
 keeper renews it for as long as the process lives. Its loss means "the owner may be dead";
 the owners row makes that safe to act on even when the owner is alive.
 
-Each step is compensated at most once per journal row, newest first (`runner`); a
-compensation that keeps failing is dead-lettered and the remaining steps still run.
+Each step is claimed at most once per journal row and ownership, newest first (`runner`); a
+compensation that keeps failing is dead-lettered and the remaining steps still run. Runners
+are fenced by the owners row: a takeover fences out a runner that hung or died inside a
+compensation, and runs that step's compensation again (idempotent) instead of leaving it
+'compensating'.
 Compensated and dead rows, and closed owners rows, are deleted by the sweeper (`sweeper`)
 JOURNAL_RETENTION seconds after their last change.
 

@@ -32,7 +32,12 @@ from tasks.keys import handover_key, journal_lease_name
 from tasks.retry import RetryPolicy
 from tasks.rollback.errors import JournalBusy, JournalLost, RollbackError
 from tasks.rollback.registry import require
-from tasks.rollback.runner import COMPENSATION_POLICY, RollbackReport, RollbackRunner
+from tasks.rollback.runner import (
+    COMPENSATION_POLICY,
+    Ownership,
+    RollbackReport,
+    RollbackRunner,
+)
 from tasks.rollback.signals import checkpoint_recorded
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 
@@ -45,6 +50,9 @@ log = logging.getLogger("tasks.rollback")
 # the final outcome decides (rolled back on final failure, deleted on success).
 # ROLLBACK_ON_RETRY, read once by the settings.
 rollback_on_retry: bool = settings.rollback_on_retry
+
+# What a new owner rolls back when it opens a journal a dead execution left behind.
+_LEFT = (*JournalState.PENDING, JournalState.COMPENSATING)
 
 
 def carries_over(attempt: int) -> bool:
@@ -212,11 +220,14 @@ class Journal:
             if previous == OwnerState.HANDED_OVER and self.leases is not None:
                 self.leases.client.delete(handover_key(task_id))
             # Rows still pending now belong to no live process: we own the journal (with
-            # ROLLBACK_ON_RETRY off, the earlier attempts' rows are ours to carry on).
-            leftovers = self.runner.steps(task_id, states=JournalState.PENDING)
+            # ROLLBACK_ON_RETRY off, the earlier attempts' rows are ours to carry on). Rows
+            # 'compensating' were claimed by a runner our compare-and-set just fenced out.
+            leftovers = self.runner.steps(task_id, states=_LEFT)
             if [r for r in leftovers if rollback_on_retry or r.attempt >= attempt]:
-                self.rollback(task_id, "leftover of an execution that died",
-                              attempt=None if rollback_on_retry else attempt)
+                self.runner.rollback(task_id, "leftover of an execution that died",
+                                     attempt=None if rollback_on_retry else attempt,
+                                     ownership=Ownership(lease.token, OwnerState.RUNNING),
+                                     adopt=True)
             with self.sessions() as session:
                 top = session.execute(select(func.max(JOURNAL.c.seq))
                                       .where(JOURNAL.c.task_id == task_id)).scalar()
@@ -364,5 +375,10 @@ class Journal:
     def rollback(self, task_id: str, reason: str, *, upto_id: int | None = None,
                  attempt: int | None = None) -> RollbackReport:
         """Compensate the pending steps of `task_id` newest first, each at most once (see
-        `RollbackRunner.rollback`). Leaves this process's ownership as it is."""
-        return self.runner.rollback(task_id, reason, upto_id=upto_id, attempt=attempt)
+        `RollbackRunner.rollback`), fenced by this process's ownership if it owns the journal
+        (a takeover meanwhile stops it). Leaves that ownership as it is."""
+        with self._lock:
+            found = self._open.get(task_id)
+        ownership = None if found is None else Ownership(found.token, OwnerState.RUNNING)
+        return self.runner.rollback(task_id, reason, upto_id=upto_id, attempt=attempt,
+                                    ownership=ownership)

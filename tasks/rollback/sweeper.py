@@ -14,11 +14,12 @@ uses it, so whatever signal or caller sends that task, it compensates only where
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
@@ -26,7 +27,13 @@ from tasks.db import affected, utcnow
 from tasks.keys import handover_key, journal_lease_name
 from tasks.metrics import record
 from tasks.retry import RetryPolicy
-from tasks.rollback.runner import COMPENSATION_POLICY, RollbackReport, RollbackRunner
+from tasks.rollback.runner import (
+    COMPENSATION_POLICY,
+    STUCK_AFTER,
+    Ownership,
+    RollbackReport,
+    RollbackRunner,
+)
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 
 __all__ = ["Candidate", "Sweeper", "TakeBack", "sweep"]
@@ -42,6 +49,7 @@ class Candidate:
     owner: str | None  # None: no open owners row (closed, or a journal from before 0007)
     state: str | None
     upto: int = 0  # the newest row id when looked at (for closed journals)
+    stuck: bool = False  # closed, with a row 'compensating' for longer than STUCK_AFTER
 
 
 @dataclass(frozen=True)
@@ -90,16 +98,33 @@ class Sweeper:
         pending_q = (select(JOURNAL.c.task_id, func.max(JOURNAL.c.id))
                      .where(JOURNAL.c.state.in_(JournalState.PENDING))
                      .group_by(JOURNAL.c.task_id))
+        stuck_q = self._stuck_query()
         if task_id is not None:
             owned_q = owned_q.where(OWNERS.c.task_id == task_id)
             pending_q = pending_q.where(JOURNAL.c.task_id == task_id)
+            stuck_q = stuck_q.where(JOURNAL.c.task_id == task_id)
         with self.sessions() as session:
             owned = session.execute(owned_q).all()
+            stuck = session.execute(stuck_q).all()
             pending = session.execute(pending_q).all()
         found = {t: Candidate(t, owner, state) for t, owner, state in owned}
+        for task_id, owner, state, upto in stuck:
+            found.setdefault(task_id, Candidate(task_id, owner, state, int(upto), stuck=True))
         for task_id, upto in pending:
             found.setdefault(task_id, Candidate(task_id, None, None, int(upto)))
         return list(found.values())
+
+    @staticmethod
+    def _stuck_query() -> Select[Any]:
+        """Closed journals with a row 'compensating' for longer than STUCK_AFTER: its runner
+        (a sweep whose worker was killed, say) is taken to be dead, and a takeover fences it
+        in case it is not."""
+        cutoff = utcnow() - timedelta(seconds=STUCK_AFTER)
+        return (select(JOURNAL.c.task_id, OWNERS.c.owner, OWNERS.c.state, func.max(JOURNAL.c.id))
+                .join(OWNERS, OWNERS.c.task_id == JOURNAL.c.task_id)
+                .where(JOURNAL.c.state == JournalState.COMPENSATING,
+                       JOURNAL.c.updated_at < cutoff, OWNERS.c.state.in_(OwnerState.CLOSED))
+                .group_by(JOURNAL.c.task_id, OWNERS.c.owner, OWNERS.c.state))
 
     def orphans(self, redis_client: Any) -> list[Candidate]:
         """The journals whose owner may be gone: no journal lease, and for a handed-over one
@@ -122,21 +147,39 @@ class Sweeper:
         ttls = pipe.execute()
         return [_claim_left(c.state, ttls[2 * i], ttls[2 * i + 1]) for i, c in enumerate(found)]
 
-    def take_over(self, c: Candidate) -> int | None:
-        """Fence out the owner of an orphaned open journal; return the newest row id it wrote
-        (the rows to roll back), or None if it changed hands meanwhile."""
+    def take_over(self, c: Candidate) -> tuple[int, Ownership] | None:
+        """Fence out the owner of an orphaned open (or stuck) journal: return the newest row
+        id it wrote (the rows to roll back) and the new ownership to roll them back under, or
+        None if it changed hands meanwhile.
+
+        The owners row gets a new token: every runner of the old owner (its own rollback
+        hung in a compensation, say) is fenced by (owner, state), so the rows it left
+        'compensating' are ours to run again."""
+        taken = Ownership(f"sweeper:{uuid.uuid4().hex}", OwnerState.TAKEN_OVER)
         with self.sessions.begin() as session:
             if affected(session.execute(update(OWNERS).where(
                 OWNERS.c.task_id == c.task_id, OWNERS.c.owner == c.owner,
                 OWNERS.c.state == c.state,
-            ).values(state=OwnerState.TAKEN_OVER, updated_at=utcnow()))) != 1:
+            ).values(owner=taken.owner, state=taken.state, updated_at=utcnow()))) != 1:
                 return None
             # In the same transaction: the old owner can add no row after this, and a new
             # one cannot take the row before we commit, so these are exactly the old rows.
             upto = session.execute(select(func.max(JOURNAL.c.id))
                                    .where(JOURNAL.c.task_id == c.task_id)).scalar()
         log.warning("took over the journal of %s from its lost owner (%s)", c.task_id, c.state)
-        return int(upto or 0)
+        return int(upto or 0), taken
+
+    def _roll(self, c: Candidate, reason: str) -> RollbackReport | None:
+        """Take `c` over if it is open or stuck, and roll it back; None if it changed hands
+        meanwhile."""
+        if c.state not in OwnerState.OPEN and not c.stuck:
+            return self.runner.rollback(c.task_id, reason, upto_id=c.upto)
+        taken = self.take_over(c)
+        if taken is None:
+            return None
+        upto, ownership = taken
+        return self.runner.rollback(c.task_id, reason, upto_id=upto, ownership=ownership,
+                                    adopt=True)
 
     def sweep(self, redis_client: Any) -> int:
         """Roll back every journal whose owner is gone; return how many rollbacks ran a step."""
@@ -144,12 +187,8 @@ class Sweeper:
         if record.on is not None:
             record.on.rollback_sweeps.inc()
         for c in self.orphans(redis_client):
-            upto = self.take_over(c) if c.state in OwnerState.OPEN else c.upto
-            if not upto:
-                continue
-            report = self.runner.rollback(c.task_id, "sweeper: the journal's owner is gone",
-                                          upto_id=upto)
-            rolled += bool(report.steps)
+            report = self._roll(c, "sweeper: the journal's owner is gone")
+            rolled += bool(report is not None and report.steps)
         return rolled
 
     def take_back(self, redis_client: Any, task_id: str, reason: str) -> TakeBack:
@@ -165,17 +204,17 @@ class Sweeper:
             if left is not None:
                 return TakeBack(TakeBack.OWNER_ALIVE, alive_for=left)
             [c] = found
-            upto = self.take_over(c) if c.state in OwnerState.OPEN else c.upto
-            if upto is None:
+            report = self._roll(c, reason)
+            if report is None:
                 continue  # it changed hands meanwhile (a sweep, a new delivery): look again
-            return TakeBack(TakeBack.ROLLED_BACK,
-                            self.runner.rollback(task_id, reason, upto_id=upto))
+            return TakeBack(TakeBack.ROLLED_BACK, report)
         # Three lost compare-and-sets in a row: live processes keep taking it.
         return TakeBack(TakeBack.OWNER_ALIVE)
 
     def prune(self, retention: float) -> tuple[int, int]:
         """Delete finished rows and closed owners rows older than `retention` seconds;
-        return (rows, owners) deleted. Rows stuck 'compensating' stay for an operator."""
+        return (rows, owners) deleted. Rows 'compensating' are never deleted: a sweep takes
+        them over once they are stuck (`_stuck_query`)."""
         cutoff = utcnow() - timedelta(seconds=retention)
         left = select(JOURNAL.c.id).where(JOURNAL.c.task_id == OWNERS.c.task_id).exists()
         with self.sessions.begin() as session:

@@ -5,6 +5,8 @@
   it then tries is refused before its effect.
 - ROLLBACK_ON_RETRY=0: an attempt hands its journal over to the retry on another worker; that
   worker SIGKILLed, the sweeper rolls the whole saga back.
+- A saga's own rollback hangs inside a compensation and its worker is SIGKILLed: the sweeper
+  takes the journal over and runs that step's compensation again, exactly once (nem-saga-35).
 - Soak: the keys and rows sagas leave return to their baseline within a bound independent of
   how many sagas ran.
 """
@@ -19,8 +21,10 @@ import pytest
 from celery import group
 from sqlalchemy import func, select
 
+from tasks.deadletter import DeadLetters
 from tasks.rollback import JOURNAL, OWNERS
 from tests.rollback.platform import Platform, outcome, pool_children, undone_once
+from tests.support.sagas import undo_calls_key
 from tests.support.workers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,6 +86,28 @@ def test_a_retry_that_carries_the_journal_is_swept_when_its_worker_dies(
     assert platform.ledger("o-dies") == UNDONE
     assert {state for _, state in platform.states()} == {"compensated"}
     assert [state for _, state in platform.owners()] == ["taken_over"]
+
+
+def test_a_step_whose_own_rollback_was_killed_mid_compensation_is_finished_once(
+    platform: Platform
+) -> None:
+    worker = platform.worker("doomed")
+    platform.sweepers()
+    order = "o-hung-undo"
+    calls = undo_calls_key(order)
+    platform.client.send_task("tests.support.sagas.hung_undo_saga", args=[order])
+    wait_until(lambda: platform.redis.get(calls) == b"1", 30,
+               "the saga's own rollback to hang in its undo")
+    assert platform.states() == [("reserve_stock", "compensating")]
+    worker.kill()  # kill -9, mid-compensation: its journal lease lapses unrenewed
+    # Before the fix the sweeper took the journal over and left the step 'compensating'.
+    wait_until(lambda: platform.states() == [("reserve_stock", "compensated")], 20,
+               "the sweeper to finish the step")
+    time.sleep(1.0)  # more sweeps: still once
+    assert platform.ledger(order) == ["reserve_stock", "release_stock"]
+    assert platform.redis.get(calls) == b"2"  # the killed call and the sweeper's
+    assert [state for _, state in platform.owners()] == ["taken_over"]
+    assert DeadLetters(platform.sessions).list("compensation") == []
 
 
 def test_keys_and_rows_return_to_baseline_whatever_the_number_of_sagas(

@@ -1,6 +1,7 @@
 """Saga variants the rollback tests and demos run on real workers: one sleeps (and may take one
 more step after it), one waits at a gate the test opens, one outlives its soft limit, one hits
-it, one retries, one hands its journal over to a retry on another queue. Registered when
+it, one retries, one hands its journal over to a retry on another queue, one whose own
+rollback hangs in its first undo until the test kills its worker. Registered when
 EXTRA_TASK_MODULES names this module (the tests do).
 
     EXTRA_TASK_MODULES=tests.support.sagas celery -A tasks worker
@@ -10,22 +11,37 @@ EXTRA_TASK_MODULES names this module (the tests do).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
 from tasks.app import app, settings
 from tasks.base import PlatformTask
-from tasks.examples.saga import STEPS, check_order, ledger, run_steps
+from tasks.examples.saga import (
+    SAGA_PREFIX,
+    STEPS,
+    SagaStepFailed,
+    check_order,
+    ledger,
+    release_stock,
+    run_steps,
+)
 from tasks.resources import resources_for
 from tasks.retry import RetryPolicy
+from tasks.rollback import compensation, step
 from tasks.validate import InvalidArguments, text_arg
 
-__all__ = ["GATE_PREFIX", "GateClosed", "gate_key", "gated_saga", "handover_saga",
-           "retrying_saga", "sleepy_saga", "slow_saga", "stubborn_saga"]
+__all__ = ["GATE_PREFIX", "UNDO_CALLS_PREFIX", "GateClosed", "gate_key", "gated_release_stock",
+           "gated_saga", "handover_saga", "hung_undo_saga", "retrying_saga", "sleepy_saga",
+           "slow_saga", "stubborn_saga", "undo_calls_key"]
 
 # saga-gate:{ORDER} -> "1" once the test lets a gated saga ship. Owner: the tests that set it,
 # with a TTL of their choosing.
 GATE_PREFIX = "saga-gate:"
+# saga-undo-calls:{ORDER} -> how many times gated_release_stock ran for the order. Owner: that
+# compensation; TTL UNDO_CALLS_TTL_MS from its last call.
+UNDO_CALLS_PREFIX = "saga-undo-calls:"
+UNDO_CALLS_TTL_MS = 120_000
 
 
 class GateClosed(Exception):
@@ -34,6 +50,18 @@ class GateClosed(Exception):
 
 def gate_key(order_id: str) -> str:
     return f"{GATE_PREFIX}{{{order_id}}}"
+
+
+def undo_calls_key(order_id: str) -> str:
+    return f"{UNDO_CALLS_PREFIX}{{{order_id}}}"
+
+
+def _wait_at_gate(client: Any, order_id: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not client.exists(gate_key(order_id)):
+        if time.monotonic() > deadline:
+            raise GateClosed(f"order {order_id}: the gate stayed closed for {seconds:g}s")
+        time.sleep(0.05)
 
 
 def _seconds(value: object, most: float = 120.0) -> float:
@@ -64,12 +92,7 @@ def gated_saga(order_id: str, seconds: float) -> list[str]:
     order_id, _ = check_order(order_id)
     seconds = _seconds(seconds)
     run_steps(order_id, None, STEPS[:2])
-    client = resources_for(settings).redis
-    deadline = time.monotonic() + seconds
-    while not client.exists(gate_key(order_id)):
-        if time.monotonic() > deadline:
-            raise GateClosed(f"order {order_id}: the gate stayed closed for {seconds:g}s")
-        time.sleep(0.05)
+    _wait_at_gate(resources_for(settings).redis, order_id, seconds)
     run_steps(order_id, None, STEPS[2:])
     return ledger(order_id)
 
@@ -133,3 +156,34 @@ def handover_saga(self: PlatformTask, order_id: str, retry_queue: str,
     run_steps(order_id, None, STEPS[1:2])
     time.sleep(seconds)
     return ledger(order_id)
+
+
+@compensation("tests.gated_release_stock")
+def gated_release_stock(data: dict[str, Any]) -> None:
+    """release_stock (idempotent), but its first call for an order waits at the order's gate
+    first (at most 60 s, then GateClosed): a test kills the process that made that call."""
+    client = resources_for(settings).redis
+    key = undo_calls_key(data["order_id"])
+    with client.pipeline() as pipe:
+        pipe.incr(key)
+        pipe.pexpire(key, UNDO_CALLS_TTL_MS)
+        calls, _ = pipe.execute()
+    if calls == 1:
+        _wait_at_gate(client, data["order_id"], 60)
+    release_stock(data)
+
+
+@app.task(name="tests.support.sagas.hung_undo_saga", base=PlatformTask, soft_time_limit=100,
+          time_limit=110)
+def hung_undo_saga(order_id: str) -> None:
+    """Reserve stock (undone by tests.gated_release_stock), then fail: the saga's own rollback
+    claims the step and hangs in its undo until the test kills the worker."""
+    order_id, _ = check_order(order_id)
+    data = {"order_id": order_id, "step": "reserve_stock"}
+    with step("reserve_stock", undo="tests.gated_release_stock", data=data):
+        client = resources_for(settings).redis
+        with client.pipeline() as pipe:
+            pipe.rpush(f"{SAGA_PREFIX}{order_id}", "reserve_stock")
+            pipe.pexpire(f"{SAGA_PREFIX}{order_id}", UNDO_CALLS_TTL_MS)
+            pipe.execute()
+    raise SagaStepFailed(f"order {order_id}: charge failed")
