@@ -53,8 +53,8 @@ class Platform:
         self.procs.append(proc)
         return proc
 
-    def start_job(self) -> None:
-        sent = celery_call(self.env, "tasks.ranges.start", "--args", '["cm_data"]')
+    def start_job(self, job: str = "cm_data") -> None:
+        sent = celery_call(self.env, "tasks.ranges.start", "--args", f'["{job}"]')
         assert sent.returncode == 0, sent.stderr
 
     def throttle(self, rows_per_s: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ from tasks.examples.seed import seed_cm_data
 from tasks.models import CmData
 from tasks.models import PartitionStatus as S
 from tests.ranges.cluster import Platform
+from tests.ranges.control_support import control_platform
 from tests.support.workers import celery_call, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -131,17 +133,20 @@ def test_flushall_mid_run_still_finishes_exactly_once(
     cluster.assert_exactly_once(20_000)
 
 
-def test_the_table_grows_during_a_run(engine: Engine,
-                                      platform: Callable[..., Platform]) -> None:
+def test_the_table_grows_during_a_run(engine: Engine, platform: Callable[..., Platform],
+                                      tmp_path: Path) -> None:
     seed_cm_data(engine, 8_000)
-    cluster = platform(CM_DATA_BATCH_DELAY="0.02")
+    gate = tmp_path / "gate"  # cm_gated (cm_data's table and filter) waits while it exists
+    gate.touch()
+    cluster = control_platform(platform, TEST_GATE_FILE=str(gate))
     cluster.worker("a")
     cluster.beat()
-    cluster.start_job()
-    cluster.throttle(500)  # held back: the run cannot end before the table grows
-    wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    cluster.start_job("cm_gated")
+    # Held at the gate: the run is live, so it cannot end before the table grows.
+    wait_until(lambda: any(p.status == S.RUNNING for p in cluster.parts()), 60,
+               "a partition claimed and held")
     seed_cm_data(engine, 6_000)  # ids 8001..14000: part 1 grows, part 2 is new
-    cluster.throttle(0)
+    gate.unlink()
     cluster.wait_finished(timeout=120)
     wait_until(lambda: len(cluster.parts()) == 3 and cluster.finished(), 30,
                "the new partition to be planned and finished")
