@@ -16,6 +16,8 @@ Run on SQLite, PostgreSQL and MariaDB: the fence is the owners row.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -43,6 +45,9 @@ from tasks.rollback import (
 )
 from tasks.rollback.sweeper import Candidate, Sweeper
 from tests.rollback.conftest import FAST
+from tests.rollback.platform import Platform, pool_children
+from tests.support.sagas import undo_calls_key
+from tests.support.workers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -203,3 +208,28 @@ def test_a_redelivery_whose_cleanup_is_fenced_out_runs_nothing(
     assert effects == ["reserve_stock"]  # the redelivery ran no effect
     assert _rows(second, task_id) == [(1, "reserve_stock", "recorded")]  # the sweeper's now
     assert not second.holds(task_id)
+
+
+def test_on_a_real_worker_a_redelivery_undoes_the_killed_first_delivery_first(
+    platform: Platform
+) -> None:
+    """The same on a real prefork worker: the saga's own rollback hangs in its undo and its
+    pool process is SIGTERMed there (what Celery's cancel on a connection loss sends); the
+    message is redelivered at once (task_reject_on_worker_lost), with no sweeper running."""
+    worker = platform.worker("redelivered")
+    order = "o-redelivered"
+    calls = undo_calls_key(order)
+    result = platform.client.send_task("tests.support.sagas.hung_undo_saga", args=[order])
+    wait_until(lambda: platform.redis.get(calls) == b"1", 30,
+               "the saga's own rollback to hang in its undo")
+    assert platform.states() == [("reserve_stock", "compensating")]
+    [child] = pool_children(worker.pid)
+    os.kill(child, signal.SIGTERM)
+    # The redelivery undoes the first reservation before it reserves again; then it fails as
+    # this saga always does and undoes its own.
+    wait_until(lambda: platform.states() == [("reserve_stock", "compensated")] * 2, 30,
+               "the redelivery to undo both reservations")
+    assert platform.ledger(order) == ["reserve_stock", "release_stock",
+                                      "reserve_stock", "release_stock"]
+    assert result.get(timeout=10, propagate=False) is not None and result.state == "FAILURE"
+    assert "delivery 2 of at most" in worker.output()
