@@ -224,10 +224,7 @@ class Journal:
             # 'compensating' were claimed by a runner our compare-and-set just fenced out.
             leftovers = self.runner.steps(task_id, states=_LEFT)
             if [r for r in leftovers if rollback_on_retry or r.attempt >= attempt]:
-                self.runner.rollback(task_id, "leftover of an execution that died",
-                                     attempt=None if rollback_on_retry else attempt,
-                                     ownership=Ownership(lease.token, OwnerState.RUNNING),
-                                     adopt=True)
+                self._undo_leftovers(task_id, attempt, lease.token)
             with self.sessions() as session:
                 top = session.execute(select(func.max(JOURNAL.c.seq))
                                       .where(JOURNAL.c.task_id == task_id)).scalar()
@@ -238,6 +235,19 @@ class Journal:
         with self._lock:
             self._open[task_id] = opened
         return opened
+
+    def _undo_leftovers(self, task_id: str, attempt: int, token: str) -> None:
+        """Compensate what an earlier execution left before this one runs a step, or raise
+        JournalLost: a runner fenced out of it (another owner took the journal meanwhile)
+        leaves those steps to that owner, and running the task on top of them would do its
+        work twice (nemesis seed 1, nem-saga-310)."""
+        report = self.runner.rollback(task_id, "leftover of an execution that died",
+                                      attempt=None if rollback_on_retry else attempt,
+                                      ownership=Ownership(token, OwnerState.RUNNING),
+                                      adopt=True)
+        if report.handed_over:
+            raise JournalLost(f"task {task_id}: the journal an earlier execution left was "
+                              "taken over while this one undid it; it runs nothing")
 
     def _acquire(self, task_id: str) -> Lease:
         if self.leases is None:
