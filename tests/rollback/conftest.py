@@ -4,10 +4,12 @@ platform of real workers on a private Redis."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis
+from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
@@ -21,17 +23,27 @@ from tests.support.redis_server import RedisServer
 FAST = RetryPolicy(max_retries=3, initial_interval=0.005, max_interval=0.01, randomization=0.0)
 
 
+@contextmanager
+def process_journal(engine: Engine, client: redis.Redis) -> Iterator[Journal]:
+    """This process's journal on `engine` and `client` (2 s leases, fast retries) while the
+    block runs."""
+    leases = Leases(client)
+    found = Journal(sessionmaker(engine, expire_on_commit=False), leases, lease_ttl=2.0,
+                    policy=FAST)
+    set_journal(found)
+    try:
+        yield found
+    finally:
+        set_journal(None)
+        leases.keeper.stop()
+
+
 @pytest.fixture
 def journal(tmp_path: Path, redis_client: redis.Redis) -> Iterator[Journal]:
     """The process journal, on a fresh SQLite database and the flushed test Redis."""
     engine = fresh_database(f"sqlite:///{tmp_path}/journal.sqlite")
-    leases = Leases(redis_client)
-    found = Journal(sessionmaker(engine, expire_on_commit=False), leases, lease_ttl=2.0,
-                    policy=FAST)
-    set_journal(found)
-    yield found
-    set_journal(None)
-    leases.keeper.stop()
+    with process_journal(engine, redis_client) as found:
+        yield found
     engine.dispose()
 
 

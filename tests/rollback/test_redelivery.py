@@ -41,10 +41,9 @@ from tasks.rollback import (
     compensation,
     rollback,
     rollback_started,
-    set_journal,
 )
 from tasks.rollback.sweeper import Candidate, Sweeper
-from tests.rollback.conftest import FAST
+from tests.rollback.conftest import FAST, process_journal
 from tests.rollback.platform import Platform, pool_children
 from tests.support.sagas import undo_calls_key
 from tests.support.workers import wait_until
@@ -93,13 +92,8 @@ def first(engine: Engine, redis_client: redis.Redis) -> Iterator[Journal]:
     effects.clear()
     undone.clear()
     entered.clear()
-    leases = Leases(redis_client)
-    found = Journal(sessionmaker(engine, expire_on_commit=False), leases, lease_ttl=2.0,
-                    policy=FAST)
-    set_journal(found)
-    yield found
-    set_journal(None)
-    leases.keeper.stop()
+    with process_journal(engine, redis_client) as found:
+        yield found
     _redis = None
 
 

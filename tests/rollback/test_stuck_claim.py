@@ -19,9 +19,7 @@ from typing import Any
 import pytest
 import redis
 from sqlalchemy import Engine, update
-from sqlalchemy.orm import sessionmaker
 
-from lease import Leases
 from lease.keys import lease_key
 from tasks.db import utcnow
 from tasks.deadletter import DeadLetters
@@ -32,11 +30,10 @@ from tasks.rollback import (
     RollbackReport,
     compensation,
     rollback,
-    set_journal,
 )
 from tasks.rollback.runner import STUCK_AFTER
 from tasks.rollback.sweeper import Sweeper, TakeBack
-from tests.rollback.conftest import FAST
+from tests.rollback.conftest import FAST, process_journal
 from tests.rollback.test_takeover import owner_state, rows
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,13 +74,8 @@ def owner(engine: Engine, redis_client: redis.Redis) -> Iterator[Journal]:
     _redis = redis_client
     undone.clear()
     entered.clear()
-    leases = Leases(redis_client)
-    found = Journal(sessionmaker(engine, expire_on_commit=False), leases, lease_ttl=2.0,
-                    policy=FAST)
-    set_journal(found)
-    yield found
-    set_journal(None)
-    leases.keeper.stop()
+    with process_journal(engine, redis_client) as found:
+        yield found
     _redis = None
 
 
