@@ -6,13 +6,13 @@ several users), never from the command line, so they do not show in `ps`. It lis
 unless FLOWER_ADDRESS says otherwise, because Flower's `/metrics` and `/healthcheck` endpoints
 bypass basic auth.
 
-This file is read only from the working directory; tasks/flowerguard.py enforces the same
+This file is read only from the working directory; tasks/worker/flowerguard.py enforces the same
 rules from the `tasks` package, so they hold wherever Flower is started.
 """
 
 import os
 
-from tasks.flowerguard import check_basic_auth
+from tasks.worker.flowerguard import check_basic_auth
 
 basic_auth = os.environ.get("FLOWER_BASIC_AUTH", "").strip().split(",")
 check_basic_auth(basic_auth)

@@ -21,7 +21,7 @@ from celery.beat import Scheduler
 from redis.exceptions import RedisError
 
 from lease import Lease, LeaseLost, NotAcquired, NotHeld
-from tasks.keys import BEAT_LEADER
+from tasks.worker.keys import BEAT_LEADER
 
 __all__ = ["LEADER_LEASE", "LeaderScheduler"]
 
@@ -34,8 +34,8 @@ class LeaderScheduler(Scheduler):
     """An in-memory `celery.beat.Scheduler` gated by a lease (no schedule file on disk)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from tasks.app import settings
-        from tasks.resources import resources_for
+        from tasks.celery import settings
+        from tasks.store.resources import resources_for
 
         self.lease_ttl = settings.lease_ttl
         self._leases = resources_for(settings).leases

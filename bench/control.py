@@ -39,11 +39,11 @@ from bench.range import BENCH_REDIS_DB, ROOT
 from devtools.demo import Fleet, reset_database
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.examples.seed import seed_cm_data
-from tasks.migrate import upgrade
-from tasks.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK
-from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import RangeJob
-from tasks.resources import make_engine
+from tasks.store.migrate import upgrade
+from tasks.store.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK
+from tasks.store.models import PartitionStatus as S
+from tasks.store.resources import make_engine
 
 __all__ = ["main"]
 
@@ -94,7 +94,7 @@ def _fleet(env: dict[str, str], logs: Path, name: str) -> Fleet:
 
 def _idle(engine: Engine, client: redis.Redis) -> bool:
     from lease.keys import lease_key
-    from tasks.keys import range_lease_name
+    from tasks.ranges.keys import range_lease_name
 
     with engine.connect() as conn:
         parts = conn.execute(select(WORK.c.part, WORK.c.status)).all()

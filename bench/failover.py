@@ -15,7 +15,7 @@ fresh `cm_data` run whose batches sleep `--batch-s` so partitions last long enou
 under a fence above the old owner's. Every phase then runs its job to the end and counts the
 rows processed other than exactly once (`rows_lost`: never, `rows_duplicated`: more than once).
 
-LEASE_TTL and RECONCILE_INTERVAL default to the platform's defaults (tasks.settings). The
+LEASE_TTL and RECONCILE_INTERVAL default to the platform's defaults (tasks.config.settings). The
 database defaults to its own PostgreSQL database `bench_failover` (created if missing; its
 platform tables are dropped and recreated each phase); the broker and the lease Redis to a
 scratch Redis (bench/scratch.py). The last line is JSON.
@@ -40,12 +40,12 @@ from sqlalchemy import Engine, func, make_url, select, text
 
 from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database
+from tasks.config.settings import Settings, redact
 from tasks.examples.seed import seed_cm_data
-from tasks.migrate import upgrade
-from tasks.models import CM_DATA, WORK
-from tasks.models import PartitionStatus as S
-from tasks.resources import make_engine
-from tasks.settings import Settings, redact
+from tasks.store.migrate import upgrade
+from tasks.store.models import CM_DATA, WORK
+from tasks.store.models import PartitionStatus as S
+from tasks.store.resources import make_engine
 
 __all__ = ["main"]
 
@@ -247,12 +247,12 @@ def _adopted(logs: Path, phase: Phase, part: int) -> bool:
 
 
 def _client(env: dict[str, str]) -> Any:
-    """A client routing as the platform does (its queues: tasks.routing)."""
+    """A client routing as the platform does (its queues: tasks.worker.queues)."""
     from celery import Celery
 
-    from tasks.app import amqp_options, is_amqp
-    from tasks.routing import routing_config
-    from tasks.settings import load_settings
+    from tasks.celery import amqp_options, is_amqp
+    from tasks.config.settings import load_settings
+    from tasks.worker.queues import routing_config
 
     settings = load_settings(env)
     client = Celery(broker=settings.broker_url, backend=settings.result_backend,

@@ -5,12 +5,17 @@
     proxy.cut()               # every open connection is reset; new ones are accepted
     proxy.blackhole(True)     # bytes are held, nothing answers: a partition
     proxy.blackhole(False)    # the partition ends: connections it caught are reset
+    proxy.strand()            # open connections go half-open: bytes vanish, nothing closes
     proxy.heal(); proxy.stop()
 
 A black hole holds bytes instead of dropping them (dropping would corrupt a stream TCP keeps
 ordered) and resets, when it lifts, every connection it caught: a partition that outlasts TCP's
 patience ends the same way, and nothing held is delivered late. Threads, one pair a connection:
 the platform's few dozen connections need nothing faster.
+
+A stranded connection is the other way a link dies: a NAT or load balancer forgot it, or the
+far host vanished, and nothing tells the client. Its bytes are dropped, nothing comes back and
+nothing is reset; only a client's own timeouts end it. New connections pass as before.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class _Pair:
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client, self.upstream = client, upstream
         self.closed = threading.Event()
+        self.stranded = threading.Event()  # half-open: bytes dropped both ways, never closed
 
     def close(self) -> None:
         if self.closed.is_set():
@@ -98,6 +104,15 @@ class FaultProxy:
         for pair in caught:
             pair.close()
 
+    def strand(self) -> int:
+        """Make every open connection half-open (bytes dropped, never closed); return how
+        many. New connections are forwarded as before."""
+        with self._lock:
+            pairs = list(self._pairs)
+        for pair in pairs:
+            pair.stranded.set()
+        return len(pairs)
+
     def heal(self) -> None:
         self.latency(0.0)
         if self._holding.is_set():
@@ -149,7 +164,8 @@ class FaultProxy:
                     time.sleep(self._delay)
                 if pair.closed.is_set():
                     break
-                dst.sendall(data)
+                if not pair.stranded.is_set():
+                    dst.sendall(data)
         except OSError:
             pass
         with self._lock:

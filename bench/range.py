@@ -33,9 +33,9 @@ from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database, verify
 from tasks.examples.cm_data import cpu_work
 from tasks.examples.seed import seed_cm_data
-from tasks.migrate import upgrade
-from tasks.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
-from tasks.resources import make_engine
+from tasks.store.migrate import upgrade
+from tasks.store.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
+from tasks.store.resources import make_engine
 
 __all__ = ["main"]
 
@@ -115,7 +115,7 @@ def _driver_connect(url: str) -> tuple[Any, str]:
     backend = parts.get_backend_name()
     if backend == "sqlite":
         conn = sqlite3.connect(parts.database or "", timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")  # the platform's settings (tasks.resources)
+        conn.execute("PRAGMA journal_mode=WAL")  # the platform's settings (tasks.store.resources)
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn, "?"
     if backend == "postgresql":

@@ -35,16 +35,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from devtools.demo import reset_database
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
 from lease import Leases
-from tasks.db import utcnow
-from tasks.migrate import upgrade
-from tasks.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
-from tasks.resources import make_engine
 from tasks.restock.drain import Drainer
 from tasks.restock.keys import deduct_keys, delay_key, drain_lease_name, stock_key
 from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import RedoEntry, parse_entry
 from tasks.restock.replies import ACTIONS, Action
 from tasks.restock.scripts import StockScripts
+from tasks.store.db import utcnow
+from tasks.store.migrate import upgrade
+from tasks.store.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
+from tasks.store.resources import make_engine
 
 __all__ = ["main"]
 

@@ -38,10 +38,10 @@ from rich.progress import (
 from sqlalchemy import Engine, MetaData, Table, func, select, text
 
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
-from tasks.models import CM_DATA
-from tasks.models import PartitionStatus as S
-from tasks.resources import make_engine
-from tasks.settings import redact
+from tasks.config.settings import redact
+from tasks.store.models import CM_DATA
+from tasks.store.models import PartitionStatus as S
+from tasks.store.resources import make_engine
 
 __all__ = ["main", "verify", "Verification"]
 
@@ -196,7 +196,7 @@ def main(argv: list[str]) -> int:
     engine = make_engine(db_url)
     reset_database(engine)
     from tasks.examples.seed import seed_cm_data
-    from tasks.migrate import upgrade
+    from tasks.store.migrate import upgrade
 
     upgrade(engine)
     started = time.monotonic()

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from tasks.settings import redact
+from tasks.config.settings import redact
 
 __all__ = ["EmbeddedRedis", "redis_answers", "free_port", "demo_redis", "NotScratch",
            "SCRATCH_MARKER", "claim_scratch", "flush_scratch", "redis_binary"]

@@ -10,10 +10,10 @@ from typing import Any
 
 from celery import Task
 
-from tasks.app import app, settings
-from tasks.base import PlatformTask
-from tasks.resources import resources_for
-from tasks.retry import RetryPolicy
+from tasks.celery import app, settings
+from tasks.store.resources import resources_for
+from tasks.worker.base import PlatformTask
+from tasks.worker.retry import RetryPolicy
 
 __all__ = ["flaky", "noop_bare", "noop_platform", "poison", "picky", "prompt", "nap"]
 

@@ -1,5 +1,2 @@
-"""The platform's Celery app. `celery -A tasks worker` finds `app` here."""
-
-from tasks.app import app
-
-__all__ = ["app"]
+"""The platform's package. Its Celery app is `tasks.celery.app` (Celery's layout: `celery -A tasks`
+finds it there); importing this package, or any pure module under it, does no other work."""

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from celery import Celery
 
-from tasks.app import check_time_limits, configure
-from tasks.settings import SettingsError, load_settings
+from tasks.celery import check_time_limits, configure
+from tasks.config.settings import SettingsError, load_settings
 from tests import SAMPLE_MODULES
 from tests.support.workers import CELERY, ROOT, celery_call, platform_env, start_worker
 
@@ -53,7 +53,7 @@ def test_a_task_whose_limits_outlive_the_visibility_timeout_is_refused(
 
 
 def test_the_default_tasks_pass_the_start_up_check() -> None:
-    from tasks import app
+    from tasks.celery import app
 
     app.loader.import_default_modules()
     check_time_limits(app)
@@ -104,7 +104,7 @@ def test_a_worker_with_bad_settings_fails_at_start_up_with_a_clear_message(
 
 @pytest.mark.parametrize(("modules", "expected"), [("", False), (SAMPLE_MODULES, True)])
 def test_sample_tasks_are_registered_only_when_asked_for(modules: str, expected: bool) -> None:
-    code = ("from tasks.app import app; app.loader.import_default_modules(); "
+    code = ("from tasks.celery import app; app.loader.import_default_modules(); "
             "import json; print(json.dumps(sorted(app.tasks)))")
     env = platform_env(EXTRA_TASK_MODULES=modules)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
@@ -119,7 +119,7 @@ def test_sample_tasks_are_registered_only_when_asked_for(modules: str, expected:
 def test_every_task_the_readme_beat_and_compose_name_is_registered() -> None:
     """The README's `celery call` lines and beat's entries name tasks a default worker has
     (no EXTRA_TASK_MODULES): a moved module must keep its tasks' registered names."""
-    code = ("from tasks.app import app; app.loader.import_default_modules(); "
+    code = ("from tasks.celery import app; app.loader.import_default_modules(); "
             "import json; print(json.dumps([sorted(app.tasks), "
             "sorted(e['task'] for e in app.conf.beat_schedule.values())]))")
     out = subprocess.run([sys.executable, "-c", code], env=platform_env(EXTRA_TASK_MODULES=""),
@@ -138,3 +138,21 @@ def test_the_image_holds_every_product_package() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     for package in ("lease", "tasks", "beat", "devtools"):
         assert f"COPY {package} {package}" in dockerfile
+
+
+def test_importing_a_pure_module_builds_no_app() -> None:
+    """The package face does no work (Celery's `proj/celery.py` layout): importing a pure
+    module reads no environment for the app, patches nothing and registers no app; `celery -A
+    tasks` still finds the app in `tasks.celery`."""
+    code = ("import sys, json, celery.app.task as t, tasks.ranges.planning, tasks.ranges.jobs; "
+            "from kombu.transport import redis as k; "
+            "print(json.dumps(['tasks.celery' in sys.modules, t.Task.Strategy, "
+            "hasattr(k.Channel._connparams, '__wrapped__')]))")
+    out = subprocess.run([sys.executable, "-c", code], env=platform_env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    loaded, strategy, patched = json.loads(out.strip().splitlines()[-1])
+    assert (loaded, strategy, patched) == (False, "celery.worker.strategy:default", False)
+    found = subprocess.run([sys.executable, "-c", "from celery.app.utils import find_app; "
+                            "print(find_app('tasks').main)"], env=platform_env(), cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    assert found.strip() == "tasks"

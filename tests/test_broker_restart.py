@@ -1,4 +1,5 @@
-"""Workers survive a restart of the broker Redis (issue 9 item 6).
+"""Workers survive a restart of the broker Redis (issue 9 item 6), and a broker link that goes
+half-open under them.
 
 The failure needs a worker that holds an unacknowledged acks_late message while its consumer
 waits in BRPOP for the next one: one long task on a worker with two pool processes.
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from bench.faultproxy import FaultProxy
 from tests.support.db import fresh_database
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 from tests.support.workers import platform_env, start_worker, wait_until
 
 
@@ -50,3 +52,35 @@ def test_busy_workers_stay_up_through_a_broker_restart_and_take_new_tasks(
         client.close()
         for worker in workers:
             worker.stop()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_whose_broker_link_goes_half_open_comes_back_by_itself(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A link that dies without a reset (a NAT or load balancer forgot it): the worker's
+    synchronous broker calls (the late ack of the task it just finished) must time out and
+    reconnect, or its main process waits on the dead socket for ever and never consumes
+    again. Seen in a randomized fault run: a worker silent for good after a black hole."""
+    db = f"sqlite:///{tmp_path}/b.sqlite"
+    fresh_database(db).dispose()
+    proxy = FaultProxy(listen_port=free_port(), upstream_port=private_redis.port).start()
+    env = platform_env(REDIS_URL=f"redis://127.0.0.1:{proxy.listen_port}/0",
+                       DATABASE_URL=db)
+    worker = start_worker(env, 1)
+    client = Celery(broker=private_redis.url, backend=private_redis.url, set_as_current=False)
+    try:
+        client.send_task("devtools.samples.nap", [3])
+        wait_until(lambda: "devtools.samples.nap[" in worker.output(), timeout=30,
+                   what="the long task received")
+        assert proxy.strand() > 0  # the task finishes into a dead link: its ack goes nowhere
+        # The worker consumes again, by itself: a new task runs to the end, and it answers a
+        # ping. Without socket timeouts its main process waits on the dead ack for ever.
+        assert client.send_task("devtools.samples.nap", [0.05]).get(timeout=60) == 0.05
+        wait_until(lambda: client.control.ping(timeout=2), timeout=60, what="a ping answered")
+        assert worker.popen.poll() is None
+    finally:
+        client.close()
+        worker.stop()
+        proxy.stop()
+

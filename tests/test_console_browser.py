@@ -24,7 +24,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, select
 
-from tasks.models import RANGE_RUNS, WORK
+from tasks.store.models import RANGE_RUNS, WORK
 from tests import WORKER_REDIS_URL
 from tests.support.db import DATABASES, fresh_database
 from tests.support.workers import Proc, start_worker, wait_until
@@ -221,7 +221,7 @@ def test_replay_a_dead_letter(stack: Stack, browser: Any) -> None:
     from celery import Celery
     from sqlalchemy.orm import sessionmaker
 
-    from tasks.deadletter import DeadLetters
+    from tasks.deadletters.store import DeadLetters
 
     letters = DeadLetters(sessionmaker(stack.engine))
     letters.add("task", "nap-1", "redelivery cap reached", {

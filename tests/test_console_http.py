@@ -113,8 +113,8 @@ class Browserless:
 
 def console_env(db_path: Path, **overrides: str) -> dict[str, str]:
     """A console's environment: the tests' worker Redis, a migrated SQLite file."""
-    from tasks.migrate import upgrade
-    from tasks.resources import make_engine
+    from tasks.store.migrate import upgrade
+    from tasks.store.resources import make_engine
 
     url = f"sqlite:///{db_path}"
     if not db_path.exists():
@@ -209,8 +209,8 @@ def test_a_post_without_the_csrf_token_of_the_session_is_403(
 def test_no_credential_in_any_page_header_or_the_log(console: tuple[Proc, str, Path]) -> None:
     from sqlalchemy.orm import sessionmaker
 
-    from tasks.deadletter import DeadLetters
-    from tasks.resources import make_engine
+    from tasks.deadletters.store import DeadLetters
+    from tasks.store.resources import make_engine
 
     proc, base, db = console
     engine = make_engine(f"sqlite:///{db}")

@@ -12,13 +12,13 @@ from rich.console import Console
 from sqlalchemy import Engine, event, insert
 from sqlalchemy.orm import sessionmaker
 
-from tasks.db import utcnow
-from tasks.deadletter import PRUNE_BATCH, DeadLetters
-from tasks.models import DEAD_LETTERS
+from tasks.config.settings import load_settings
+from tasks.deadletters.store import PRUNE_BATCH, DeadLetters
+from tasks.deadletters.view import render_letters
 from tasks.restock.status import _letters_per_node, restock_nodes
-from tasks.schedule import beat_schedule
-from tasks.settings import load_settings
-from tasks.status import render_letters
+from tasks.store.db import utcnow
+from tasks.store.models import DEAD_LETTERS
+from tasks.worker.schedule import beat_schedule
 
 
 def _letters(engine: Engine, n: int, age_days: float, kind: str = "task",
@@ -53,8 +53,8 @@ def test_the_prune_is_scheduled_and_its_retention_is_a_setting() -> None:
 def test_the_prune_task_runs_with_the_configured_retention(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks import health
-    from tasks.resources import Resources
+    from tasks.store.resources import Resources
+    from tasks.worker import health
 
     _letters(engine, 4, age_days=2)
     _letters(engine, 2, age_days=0)

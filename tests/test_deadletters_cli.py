@@ -18,18 +18,18 @@ from celery import Celery
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import sessionmaker
 
-from tasks.base import DEAD_LETTERED
 from tasks.cli.deadletters import parse_duration
-from tasks.db import utcnow
-from tasks.deadletter import (
+from tasks.deadletters.store import (
     AlreadyReplayed,
     DeadLetters,
     LetterNotFound,
     redact_payload,
     replay_refusal,
 )
-from tasks.models import DEAD_LETTERS
-from tasks.resources import make_engine
+from tasks.store.db import utcnow
+from tasks.store.models import DEAD_LETTERS
+from tasks.store.resources import make_engine
+from tasks.worker.base import DEAD_LETTERED
 from tests.support.workers import ROOT, start_worker
 
 

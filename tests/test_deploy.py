@@ -25,9 +25,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tasks.app import HANDOVER_SECONDS, soft_shutdown_timeout
+from tasks.celery import HANDOVER_SECONDS, soft_shutdown_timeout
 from tasks.cli import cli
-from tasks.settings import _FIELDS, load_settings
+from tasks.config.settings import _FIELDS, load_settings
 from tests.support.brokers import platform_client
 from tests.support.db import fresh_database
 from tests.support.workers import ROOT, start_worker, wait_until
@@ -38,7 +38,7 @@ SECRET_SCRIPT = K8S / "secret.sh"
 SECRET_INPUT = {"DATABASE_URL": "postgresql+psycopg://rangekeeper:db-pw-81x@postgres:5432/rk",
                 "BROKER_URL": "amqp://rangekeeper:amqp-pw-27q@rabbitmq:5672/rangekeeper"}
 CELERY_SUBCOMMANDS = {"worker", "beat", "flower", "inspect"}
-# Variables read by something other than tasks.settings (Flower, through flowerconfig.py).
+# Variables read by something other than tasks.config.settings (Flower, through flowerconfig.py).
 OTHER_VARIABLES = {"FLOWER_BASIC_AUTH", "FLOWER_ADDRESS", "FLOWER_PORT"}
 
 
@@ -144,7 +144,7 @@ def test_no_manifest_ships_a_credential() -> None:
 
 def test_the_secret_script_generates_fresh_credentials_the_platform_accepts() -> None:
     from tasks.console.auth import check_credentials
-    from tasks.flowerguard import check_basic_auth
+    from tasks.worker.flowerguard import check_basic_auth
 
     first, second = (secret_values(generated_secret()) for _ in range(2))
     assert set(first) == {"DATABASE_URL", "BROKER_URL", "FLOWER_BASIC_AUTH", "CONSOLE_USER",

@@ -11,9 +11,9 @@ import pytest
 from celery import Celery
 from sqlalchemy.orm import sessionmaker
 
-from tasks.deadletter import DeadLetters
-from tasks.limits import OVERSIZED_KIND, MessageTooLarge
-from tasks.resources import make_engine
+from tasks.deadletters.store import DeadLetters
+from tasks.store.resources import make_engine
+from tasks.worker.limits import OVERSIZED_KIND, MessageTooLarge
 from tests.support.db import fresh_database
 from tests.support.workers import CELERY, ROOT, start_worker
 
@@ -21,7 +21,7 @@ MB = 1024 * 1024
 
 
 def test_a_one_megabyte_argument_is_refused_on_publish() -> None:
-    from tasks.app import app
+    from tasks.celery import app
 
     with pytest.raises(MessageTooLarge, match="exceeds MAX_MESSAGE_BYTES") as info:
         app.send_task("tasks.health.ping", ["x" * MB])

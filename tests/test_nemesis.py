@@ -20,8 +20,8 @@ from bench.nemesis.faults import KINDS, WARMUP_S, describe, is_leader, schedule
 from bench.nemesis.job import ddl
 from bench.nemesis.ledger import judge, valid_ledgers
 from devtools.embedded import free_port
-from tasks.models import ORDER_ITEMS, PAYMENTS, SKUS
 from tasks.restock.keys import stock_key
+from tasks.store.models import ORDER_ITEMS, PAYMENTS, SKUS
 from tests.support.db import DATABASES
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env

@@ -16,13 +16,13 @@ from celery import Celery
 from sqlalchemy import select
 
 from lease.keys import lease_key
-from tasks.app import configure
+from tasks.celery import configure
+from tasks.config.settings import SettingsError, load_settings
 from tasks.examples.seed import seed_cm_data
-from tasks.keys import range_lease_name
-from tasks.models import WORK
-from tasks.models import PartitionStatus as S
-from tasks.routing import routing_config
-from tasks.settings import SettingsError, load_settings
+from tasks.ranges.keys import range_lease_name
+from tasks.store.models import WORK
+from tasks.store.models import PartitionStatus as S
+from tasks.worker.queues import routing_config
 from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer
 from tests.support.workers import Proc, platform_env, start_worker, wait_until

@@ -13,7 +13,8 @@ time; the fixtures below override the Redis ones to point every process at Rabbi
 - time limits (tests/rollback/test_workers.py): the hard limit and the soft limit.
 
 On AMQP a message whose worker died comes back at once with the `redelivered` flag, which the
-redelivery cap counts (tasks/base.py), so the cap needs no visibility timeout to act; the last
+redelivery cap counts (tasks/worker/base.py), so the cap needs no visibility timeout to act; the
+last
 test shows the count going up on a whole worker's death, where Redis would wait an hour.
 """
 
@@ -29,11 +30,11 @@ import pytest
 import redis
 from sqlalchemy.orm import sessionmaker
 
-from tasks.base import DEAD_LETTERED
-from tasks.deadletter import DeadLetters
-from tasks.keys import deliveries_key
-from tasks.resources import make_engine
-from tasks.settings import SettingsError, load_settings
+from tasks.config.settings import SettingsError, load_settings
+from tasks.deadletters.store import DeadLetters
+from tasks.store.resources import make_engine
+from tasks.worker.base import DEAD_LETTERED
+from tasks.worker.keys import deliveries_key
 from tests.ranges.cluster import Platform
 from tests.ranges.test_chaos import (
     test_kill_9_of_a_worker_resumes_its_partition_elsewhere,

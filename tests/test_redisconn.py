@@ -1,4 +1,4 @@
-"""tasks.redisconn: every URL form builds the right client; bad forms are refused, naming the
+"""tasks.config.redisconn: every URL form builds the right client; bad forms are refused, naming the
 variable; a Sentinel client follows a real failover; a cluster client reaches every master."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from tasks.app import configure
-from tasks.redisconn import redis_client
-from tasks.settings import SettingsError, load_settings
+from tasks.celery import configure
+from tasks.config.redisconn import redis_client
+from tasks.config.settings import SettingsError, load_settings
 from tests.support.redis_cluster import redis_cluster
 from tests.support.redis_sentinel import MASTER_NAME, sentinel_group
 

@@ -10,7 +10,8 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.retry import (
+from tasks.config.settings import SettingsError
+from tasks.worker.retry import (
     EXPONENTIAL,
     FIBONACCI,
     RetryPolicy,
@@ -21,7 +22,6 @@ from tasks.retry import (
     max_delay,
     preset,
 )
-from tasks.settings import SettingsError
 
 # No example database: these tests write nothing to the working tree.
 no_db = settings(database=None)

@@ -131,9 +131,9 @@ def shipped_values() -> dict[str, set[str]]:
 
 
 def test_every_credential_the_shipped_files_spell_is_refused() -> None:
+    from tasks.config.envparse import shipped
     from tasks.console.auth import ShippedCredential, check_credentials
-    from tasks.envparse import shipped
-    from tasks.flowerguard import check_basic_auth
+    from tasks.worker.flowerguard import check_basic_auth
 
     found = shipped_values()
     found["CONSOLE_SECRET"].add(SHIPPED_SECRET)

@@ -19,10 +19,15 @@ import pytest
 import redis
 from sqlalchemy.orm import sessionmaker
 
-from tasks.deadletter import DeadLetters
-from tasks.limits import OVERSIZED_KIND, InflatesTooLarge, UnboundedCompression, inflate_bounded
-from tasks.resources import make_engine
-from tasks.settings import load_settings
+from tasks.config.settings import load_settings
+from tasks.deadletters.store import DeadLetters
+from tasks.store.resources import make_engine
+from tasks.worker.limits import (
+    OVERSIZED_KIND,
+    InflatesTooLarge,
+    UnboundedCompression,
+    inflate_bounded,
+)
 from tests.support.brokers import platform_client
 from tests.support.db import fresh_database
 from tests.support.workers import start_worker

@@ -10,11 +10,11 @@ import redis
 from celery import Celery
 from celery.states import READY_STATES
 
-from tasks.app import check_time_limits, configure
-from tasks.base import DEAD_LETTERED
-from tasks.deadletter import DeadLetters
-from tasks.retry import RetryPolicy
-from tasks.settings import SettingsError, load_settings
+from tasks.celery import check_time_limits, configure
+from tasks.config.settings import SettingsError, load_settings
+from tasks.deadletters.store import DeadLetters
+from tasks.worker.base import DEAD_LETTERED
+from tasks.worker.retry import RetryPolicy
 from tests.support.brokers import platform_client
 from tests.support.workers import start_worker, wait_until
 
@@ -85,7 +85,7 @@ def test_a_poison_message_stops_at_the_redelivery_cap(migrated_env: dict[str, st
     assert int(client.get(f"sample:poison:{key}")) == 3  # ran exactly REDELIVERY_CAP times
     from sqlalchemy.orm import sessionmaker
 
-    from tasks.resources import make_engine
+    from tasks.store.resources import make_engine
 
     engine = make_engine(env["DATABASE_URL"])
     letters = DeadLetters(sessionmaker(engine)).list("task")
@@ -119,7 +119,7 @@ def test_a_task_that_waited_too_long_in_the_queue_is_not_started(
 def test_a_policy_that_could_outlast_the_visibility_timeout_is_refused_at_start_up() -> None:
     probe = Celery("probe", set_as_current=False)
     probe.conf.update(configure(load_settings({"VISIBILITY_TIMEOUT": "7200"})))
-    from tasks.base import PlatformTask
+    from tasks.worker.base import PlatformTask
 
     @probe.task(name=f"probe.slow_retry.{uuid.uuid4().hex}", base=PlatformTask, shared=False,
                 retry_policy=RetryPolicy(initial_interval=1, max_interval=6000,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.settings import DEFAULT_DATABASE_URL, SettingsError, load_settings, redact
+from tasks.config.settings import DEFAULT_DATABASE_URL, SettingsError, load_settings, redact
 
 
 def test_defaults_are_a_local_redis_and_a_sqlite_file() -> None:

@@ -29,7 +29,10 @@ from bench.nemesis.job import JOB
 from bench.nemesis.ledger import judge
 from bench.nemesis.load import SagaSent
 from tasks.examples.saga import SAGA_PREFIX
-from tasks.models import (
+from tasks.restock.keys import stock_key
+from tasks.rollback import JOURNAL, OWNERS
+from tasks.rollback.tables import JournalState, OwnerState
+from tasks.store.models import (
     DEAD_LETTERS,
     ORDER_ITEMS,
     PAYMENTS,
@@ -40,9 +43,6 @@ from tasks.models import (
     ItemState,
     RunState,
 )
-from tasks.restock.keys import stock_key
-from tasks.rollback import JOURNAL, OWNERS
-from tasks.rollback.tables import JournalState, OwnerState
 
 __all__ = ["Findings", "check", "FaultLog"]
 

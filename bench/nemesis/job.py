@@ -33,11 +33,11 @@ from sqlalchemy import (
     update,
 )
 
-from tasks.app import app
-from tasks.base import PlatformTask
+from tasks.celery import app
 from tasks.examples.saga import STEPS, check_order, ledger, run_steps
 from tasks.ranges.jobs import Context, RangeJob, register
-from tasks.validate import InvalidArguments
+from tasks.store.validate import InvalidArguments
+from tasks.worker.base import PlatformTask
 
 __all__ = ["ROWS", "JOB", "SAGA", "ddl", "nemesis_rows", "nemesis_saga"]
 

@@ -35,10 +35,10 @@ from bench.nemesis.heal import heal, replace_stuck_orders, silent_workers, wait_
 from bench.nemesis.job import ddl
 from bench.nemesis.load import APP_ID_CEILING, SKUS, Load
 from devtools.demo import reset_database
-from tasks.migrate import upgrade
-from tasks.resources import make_engine
-from tasks.routing import routing_config
-from tasks.settings import load_settings, redact
+from tasks.config.settings import load_settings, redact
+from tasks.store.migrate import upgrade
+from tasks.store.resources import make_engine
+from tasks.worker.queues import routing_config
 
 __all__ = ["main"]
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tasks.settings import redact
+from tasks.config.settings import redact
 
 if TYPE_CHECKING:
-    from tasks.resources import Resources
+    from tasks.store.resources import Resources
 
 __all__ = ["cli", "open_resources", "fail", "require_tables", "require_redis"]
 
@@ -36,8 +36,8 @@ def open_resources(need_file: bool = True) -> Iterator[Resources]:
     command with one line naming DATABASE_URL (credentials redacted), no traceback."""
     from sqlalchemy.exc import OperationalError
 
-    from tasks.app import settings
-    from tasks.resources import resources_for
+    from tasks.celery import settings
+    from tasks.store.resources import resources_for
 
     if need_file and _missing_sqlite_file(settings.database_url):
         fail(f"DATABASE_URL={redact(settings.database_url)}: the database file does not exist"

@@ -17,7 +17,7 @@ def console() -> None:
     password or CONSOLE_SECRET shipped in this repository's examples); FLOWER_URL, when set,
     is linked for task-level detail. Stop it with Ctrl-C or SIGTERM.
     """
-    from tasks.app import settings
+    from tasks.celery import settings
     from tasks.console import serve
     from tasks.console.auth import ConsoleRefused
 

@@ -14,7 +14,7 @@ from tasks.cli.common import open_resources, require_redis, require_tables
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from tasks.resources import Resources
+    from tasks.store.resources import Resources
 
 __all__ = ["migrate", "seed", "status"]
 
@@ -22,7 +22,7 @@ __all__ = ["migrate", "seed", "status"]
 @click.command()
 def migrate() -> None:
     """Apply the schema migrations to DATABASE_URL."""
-    from tasks.migrate import upgrade
+    from tasks.store.migrate import upgrade
 
     with open_resources(need_file=False) as res:
         upgrade(res.engine)
@@ -53,7 +53,7 @@ def status(job: str | None, as_json: bool, watch: float | None) -> None:
 
     Exits 1 with one line on stderr when the database or REDIS_URL does not answer (the
     compose and k8s readiness probes run `status --json`)."""
-    from tasks.status import console_for
+    from tasks.deadletters.view import console_for
 
     if as_json and watch is not None:
         raise click.UsageError("--json and --watch do not go together: poll --json instead")
@@ -71,11 +71,11 @@ def status(job: str | None, as_json: bool, watch: float | None) -> None:
 
 
 def _views(res: Resources, job: str | None) -> tuple[Any, Any, Any, int]:
+    from tasks.deadletters.view import letters_view
     from tasks.ranges.status import partitions, summarize
     from tasks.restock.clock import wall_ms
     from tasks.restock.nodes import stock_nodes
     from tasks.restock.status import restock_nodes
-    from tasks.status import letters_view
 
     views = partitions(res.sessions, job)
     now = wall_ms()
@@ -86,9 +86,9 @@ def _views(res: Resources, job: str | None) -> tuple[Any, Any, Any, int]:
 def _snapshot(res: Resources, job: str | None, width: int) -> RenderableType:
     from rich.console import Group
 
+    from tasks.deadletters.view import letters_renderable
     from tasks.ranges.status import jobs_table, partitions_table
     from tasks.restock.status import nodes_table
-    from tasks.status import letters_renderable
 
     views, summaries, (nodes, letters), now = _views(res, job)
     parts = [jobs_table(summaries)] if summaries else []
@@ -97,9 +97,9 @@ def _snapshot(res: Resources, job: str | None, width: int) -> RenderableType:
 
 
 def _snapshot_json(res: Resources, job: str | None) -> dict[str, Any]:
+    from tasks.deadletters.view import letters_json
     from tasks.ranges.status import ranges_json
     from tasks.restock.status import nodes_json
-    from tasks.status import letters_json
 
     views, summaries, (nodes, letters), now = _views(res, job)
     return {**ranges_json(views, summaries), "restock_nodes": nodes_json(nodes, now),
@@ -113,7 +113,7 @@ def _watch(console: Console, snapshot: Callable[[], RenderableType], every: floa
     from rich.live import Live
     from rich.text import Text
 
-    from tasks.db import utcnow
+    from tasks.store.db import utcnow
 
     def stamped() -> RenderableType:
         return Group(Text(f"status at {utcnow():%Y-%m-%d %H:%M:%S} UTC, every {every:g}s "

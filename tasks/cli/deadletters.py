@@ -1,6 +1,6 @@
 """`python -m tasks deadletters list | show ID | replay ID | purge ID | purge --older-than D`.
 
-The store's logic is `tasks.deadletter.DeadLetters`; this module parses, prints and turns the
+The store's logic is `tasks.deadletters.store.DeadLetters`; this module parses, prints and turns the
 store's refusals into one line on stderr and exit code 1 (nothing changed).
 """
 
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tasks.cli.common import cli, fail, open_resources, require_tables
-from tasks.settings import redact
+from tasks.config.settings import redact
 
 if TYPE_CHECKING:
-    from tasks.deadletter import DeadLetters
+    from tasks.deadletters.store import DeadLetters
 
 __all__ = ["deadletters", "parse_duration", "SHOW_LIMIT"]
 
@@ -65,10 +65,10 @@ class _Duration(click.ParamType):
 
 def _hints() -> dict[str, str]:
     """What to do instead of a replay, per kind of letter that keeps no task to send."""
-    from tasks.limits import OVERSIZED_KIND
     from tasks.ranges.workrow import DEAD_LETTER_KIND as RANGE_KIND
     from tasks.restock.drain import DEAD_LETTER_KIND as RESTOCK_KIND
     from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND
+    from tasks.worker.limits import OVERSIZED_KIND
 
     return {
         RANGE_KIND: "a range partition is resumed, not replayed: fix the cause, then "
@@ -84,7 +84,7 @@ def _hints() -> dict[str, str]:
 
 @contextmanager
 def _store() -> Iterator[DeadLetters]:
-    from tasks.deadletter import DeadLetterError, DeadLetters
+    from tasks.deadletters.store import DeadLetterError, DeadLetters
 
     with open_resources() as res:
         require_tables(res)
@@ -109,7 +109,7 @@ def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
     """The newest dead letters, without their payloads."""
     from rich.table import Table
 
-    from tasks.status import console_for, quote_text
+    from tasks.deadletters.view import console_for, quote_text
 
     with _store() as store:
         letters = store.recent(limit, kind)
@@ -139,7 +139,7 @@ def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="the letter as one JSON object")
 def show(letter_id: int, as_json: bool) -> None:
     """One letter with its payload (credentials hidden, at most SHOW_LIMIT characters)."""
-    from tasks.deadletter import redact_payload, replay_refusal
+    from tasks.deadletters.store import redact_payload, replay_refusal
 
     with _store() as store:
         letter = store.get(letter_id)
@@ -171,8 +171,8 @@ def show(letter_id: int, as_json: bool) -> None:
 @click.argument("letter_id", metavar="ID", type=click.IntRange(min=1))
 def replay(letter_id: int) -> None:
     """Send the letter's task again (same name and arguments, new task id); once per letter."""
-    from tasks.app import app
-    from tasks.deadletter import DeadLetterError
+    from tasks.celery import app
+    from tasks.deadletters.store import DeadLetterError
 
     def send(name: str, args: list[Any], kwargs: dict[str, Any], task_id: str) -> None:
         app.send_task(name, args=args, kwargs=kwargs, task_id=task_id, serializer="json",

@@ -41,7 +41,7 @@ def _refusals() -> Iterator[None]:
     """A refusal or an unreachable Redis ends the command with one line and exit code 1."""
     from redis.exceptions import RedisError
 
-    from tasks.validate import InvalidArguments
+    from tasks.store.validate import InvalidArguments
 
     try:
         yield
@@ -65,7 +65,7 @@ def _control(verb: Callable[..., dict[str, Any]], *args: Any) -> None:
 def _load_jobs() -> None:
     """Register the jobs a worker knows: import the app's task modules (EXTRA_TASK_MODULES
     included), as `celery -A tasks worker` does."""
-    from tasks.app import app
+    from tasks.celery import app
 
     app.loader.import_default_modules()
 

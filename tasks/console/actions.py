@@ -4,7 +4,8 @@ The console shows and does what the CLI shows and does, with the same code: the 
 controls are `tasks.ranges.tasks.controls()` / `start_job` (what `python -m tasks jobs ...`
 and the `tasks.ranges.*` Celery tasks run), the status views are `tasks.ranges.status`,
 `tasks.ranges.runs` and `tasks.restock.status` (what `python -m tasks status` prints), the
-dead letters are `tasks.deadletter.DeadLetters` (what `python -m tasks deadletters ...` runs).
+dead letters are `tasks.deadletters.store.DeadLetters` (what `python -m tasks deadletters ...`
+runs).
 If one of those functions is renamed, this module is the one to change.
 
 Every function here is blocking (database and Redis round trips): the web handlers run them
@@ -18,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks.app import app, settings
-from tasks.resources import Resources, resources_for
-from tasks.settings import redact
+from tasks.celery import app, settings
+from tasks.config.settings import redact
+from tasks.store.resources import Resources, resources_for
 
 __all__ = ["Refused", "Unavailable", "VERBS", "load_jobs", "jobs_overview", "job_detail",
            "control", "restock_overview", "letters", "letter", "replay", "purge",
@@ -53,8 +54,8 @@ def _guarded(call: Callable[[], Any]) -> Any:
     from redis.exceptions import RedisError
     from sqlalchemy.exc import OperationalError
 
-    from tasks.deadletter import DeadLetterError
-    from tasks.validate import InvalidArguments
+    from tasks.deadletters.store import DeadLetterError
+    from tasks.store.validate import InvalidArguments
 
     try:
         return call()
@@ -170,7 +171,7 @@ def restock_overview() -> list[dict[str, Any]]:
 
 def letters(kind: str | None, limit: int = 100) -> dict[str, Any]:
     """The newest `limit` letters (of `kind`), without payloads, and the count per kind."""
-    from tasks.deadletter import DeadLetters
+    from tasks.deadletters.store import DeadLetters
 
     def read() -> dict[str, Any]:
         store = DeadLetters(_res().sessions)
@@ -187,7 +188,7 @@ def letters(kind: str | None, limit: int = 100) -> dict[str, Any]:
 def letter(letter_id: int) -> dict[str, Any]:
     """One letter with its payload, credentials hidden (as `deadletters show --json`)."""
     from tasks.cli.deadletters import SHOW_LIMIT
-    from tasks.deadletter import DeadLetters, redact_payload, replay_refusal
+    from tasks.deadletters.store import DeadLetters, redact_payload, replay_refusal
 
     def read() -> dict[str, Any]:
         found = DeadLetters(_res().sessions).get(letter_id)
@@ -214,7 +215,7 @@ def replay(letter_id: int) -> dict[str, Any]:
     """Send the letter's task again under a new task id (once per letter), as `deadletters
     replay` does."""
     from tasks.cli.deadletters import SEND_RETRY
-    from tasks.deadletter import DeadLetterError, DeadLetters
+    from tasks.deadletters.store import DeadLetterError, DeadLetters
 
     def send(name: str, args: list[Any], kwargs: dict[str, Any], task_id: str) -> None:
         app.send_task(name, args=args, kwargs=kwargs, task_id=task_id, serializer="json",
@@ -237,7 +238,7 @@ def replay(letter_id: int) -> dict[str, Any]:
 
 def purge(letter_id: int) -> dict[str, Any]:
     """Delete one letter (`deadletters purge ID`)."""
-    from tasks.deadletter import DeadLetters
+    from tasks.deadletters.store import DeadLetters
 
     _guarded(lambda: DeadLetters(_res().sessions).purge(letter_id))
     return {"purged": letter_id}
@@ -247,7 +248,7 @@ def purge_older(duration: str) -> dict[str, Any]:
     """Delete every letter older than `duration` (`7d`, `12h`...; `deadletters purge
     --older-than`)."""
     from tasks.cli.deadletters import parse_duration
-    from tasks.deadletter import DeadLetters
+    from tasks.deadletters.store import DeadLetters
 
     try:
         seconds = parse_duration(duration)

@@ -1,7 +1,8 @@
 """Who may use the console, and how a request proves it.
 
 - Credentials: CONSOLE_USER and CONSOLE_PASSWORD. Without both the console refuses to start
-  (like our Flower, tasks/flowerguard.py); so it does with a password or a CONSOLE_SECRET that
+  (like our Flower, tasks/worker/flowerguard.py); so it does with a password or a CONSOLE_SECRET
+  that
   ships in this repository's examples or is a known placeholder (anyone can read those), and
   with a password shorter than MIN_PASSWORD. Both are compared with `hmac.compare_digest`; the
   password is never logged, never written into a page and never kept in a cookie.
@@ -33,9 +34,9 @@ from urllib.parse import quote
 from redis.exceptions import RedisError
 from tornado.web import HTTPError, RequestHandler
 
+from tasks.config.envparse import shipped
+from tasks.config.settings import Settings
 from tasks.console.sessions import SESSION_HOURS, Sessions
-from tasks.envparse import shipped
-from tasks.settings import Settings
 
 __all__ = ["Credentials", "credentials_from", "check_credentials", "cookie_secret",
            "ConsoleHandler", "Door", "REFUSAL", "SESSION_COOKIE", "CSRF_HEADER", "CSRF_FIELD",

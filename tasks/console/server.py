@@ -11,12 +11,12 @@ from typing import Any
 
 from tornado.web import Application, RequestHandler
 
+from tasks.config.settings import Settings
 from tasks.console import actions
 from tasks.console.auth import Credentials, cookie_secret, credentials_from
 from tasks.console.handlers import ROUTES
 from tasks.console.logins import LoginLimiter
 from tasks.console.sessions import Sessions
-from tasks.settings import Settings
 
 __all__ = ["make_app", "serve", "HERE"]
 
@@ -66,7 +66,7 @@ def _log_request(handler: RequestHandler) -> None:
 def serve(settings: Settings) -> None:
     """Refuse without credentials or with shipped ones (`ConsoleRefused`); otherwise serve on
     CONSOLE_ADDRESS and CONSOLE_PORT until SIGTERM or SIGINT."""
-    from tasks.resources import resources_for
+    from tasks.store.resources import resources_for
 
     credentials = credentials_from(settings)
     actions.load_jobs()

@@ -33,10 +33,10 @@ from typing import Any
 
 from sqlalchemy import Row, bindparam, update
 
-from tasks.app import settings
-from tasks.models import CM_DATA, CmData
+from tasks.celery import settings
+from tasks.config.settings import load_settings
 from tasks.ranges.jobs import Context, RangeJob, register
-from tasks.settings import load_settings
+from tasks.store.models import CM_DATA, CmData
 
 __all__ = ["cm_data", "mark_processed", "cpu_work", "CmDataConfig", "load_config", "CONFIG"]
 

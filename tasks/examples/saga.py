@@ -19,11 +19,11 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from tasks.app import app, settings
-from tasks.base import PlatformTask
-from tasks.resources import resources_for
+from tasks.celery import app, settings
 from tasks.rollback import compensation, step
-from tasks.validate import InvalidArguments, quote, text_arg
+from tasks.store.resources import resources_for
+from tasks.store.validate import InvalidArguments, quote, text_arg
+from tasks.worker.base import PlatformTask
 
 __all__ = [
     "MAX_ORDER_ID",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, func, insert, select
 
-from tasks.models import CM_DATA
+from tasks.store.models import CM_DATA
 
 __all__ = ["seed_cm_data"]
 

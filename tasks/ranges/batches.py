@@ -1,4 +1,4 @@
-"""The batches of one run of a partition: the keyset pass, then the closing pass.
+"""The batches of one run of a partition: a keyset pass over `lo..hi`.
 
 Each batch is one transaction: read the rows, guard the work row by the holder's fence (moving
 the checkpoint), run the job's process function. The guard UPDATE is the first write of the
@@ -6,23 +6,14 @@ transaction, so on PostgreSQL and MariaDB it also row-locks the work row: a clai
 holder waits for an in-flight batch to commit, then reads its checkpoint. On SQLite the
 transaction begins IMMEDIATE (it will write).
 
-Which rows a run processes (README): the keyset pass walks `id >= next_id`, which misses a row
-whose transaction took its id early and committed late (concurrent inserters commit out of id
-order). So a partition is never marked done after its keyset pass alone: a closing pass reads
-`lo..hi` from the start with the job's filter (rows still to do) and processes what it finds,
-until a closing read finds nothing; that read and the `done` update are one transaction.
-
-    t0  keyset pass: rows 1..100 committed; 101 (inserter A) is still uncommitted, 102
-        (inserter B) commits; the runner processes 102, its next read from 103 is empty
-    t1  A commits 101
-    t2  closing read of 1..hi with `status = 0` finds 101: processed; the next closing read
-        finds nothing, and the partition is done in that same transaction
-
-A row committed after the closing read is found by the run's closing round, which begins once
-every partition finished (`tasks.ranges.closing`).
-
-The keyset pass ends at its first empty read or at a batch shorter than it asked for (that read
-saw every matching row up to `hi`); either way the closing pass reads the whole range again.
+The keyset pass walks `id >= next_id` and ends at its first empty read or at a read shorter
+than it asked for: that read saw every matching row up to `hi`, and the partition is marked
+done in its transaction. The pass misses a row whose id lies below the cursor but whose
+transaction commits later (an id allocated early: a sequence cache, an id block, an
+application id); the run's closing round, once every partition finished, reads the table with
+the job's filter and sends the partitions of such rows back to work, from `lo`
+(`tasks.ranges.closing`). One read per run, not one per partition (docs/decisions.md, "One
+closing read per run").
 
 Rows come off the driver's cursor as plain tuples (`BatchRows`) when the job's columns need no
 conversion on the dialect; SQLAlchemy `Row`s are made only if the job looks at its rows. The
@@ -37,20 +28,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, overload
 
-from sqlalchemy import Connection, Dialect, Row, bindparam, func, select
+from sqlalchemy import Connection, Dialect, Row, bindparam, select
 from sqlalchemy.engine import result_tuple
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from tasks.db import WRITE_INTENT, affected, utcnow
-from tasks.metrics import record
-from tasks.models import WORK
+from tasks.observe.metrics import record
 from tasks.ranges.jobs import Context
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared
 from tasks.ranges.planning import Partition
-from tasks.ranges.sizing import Sizer
+from tasks.ranges.sizing import SETTLED, Sizer
 from tasks.ranges.skips import Skips, quarantined_ids
 from tasks.ranges.workrow import WorkRow
+from tasks.store.db import WRITE_INTENT, affected, utcnow
+from tasks.store.models import WORK
 
 __all__ = ["Batches", "Cursor", "BatchRows", "CHECK_CHUNK"]
 
@@ -59,12 +50,10 @@ CHECK_CHUNK = 5000  # ids per statement of the filter-contract check (under ever
 
 @dataclass
 class Cursor:
-    """Where a run is: the keyset cursor, and the closing pass once the keyset pass is done."""
+    """Where a run is: the keyset cursor."""
 
     next_id: int
-    closing: bool = False
     checked: bool = False  # the filter contract was checked on a batch of this run
-    closed_ids: frozenset[int] = frozenset()  # ids the previous closing batch processed
 
 
 class BatchRows(Sequence[Row[Any]]):
@@ -156,8 +145,8 @@ class Batches:
         self.cursor = Cursor(next_id)
         self.rows_done = 0
         job = self.job
-        self.sizer = Sizer(job.batch_size, job.target_batch_s, job.min_batch_size,
-                           job.max_batch_size, lease_ttl)
+        self.sizer = Sizer(SETTLED.get(job) or job.batch_size, job.target_batch_s,
+                           job.min_batch_size, job.max_batch_size, lease_ttl)
         self.skips: Skips | None = None
         if job.skip_on:
             with row.sessions() as session:
@@ -177,8 +166,6 @@ class Batches:
         self._pending_skips: frozenset[int] = frozenset()  # quarantined by the open batch
         self._read = self._query
         self._leave_out()
-        self._top = select(func.max(job.id_col)).where(job.id_col >= partition.lo,
-                                                       job.id_col <= partition.hi)
         self._guard = row.checkpoint_statement()
         self._left_in_range = (select(job.id_col)
                                .where(job.id_col.between(bindparam("first"), bindparam("last")),
@@ -188,21 +175,15 @@ class Batches:
                       .where(job.id_col.in_(bindparam("ids", expanding=True)), job.where)
                       .limit(1))
 
-    def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str | None:
-        """Process one batch as the holder of `fence`; return the new checkpoint, None when
-        the keyset pass is done (the closing pass starts), or the final status when a closing
-        read found nothing. `FencedOut` if a newer holder owns the partition."""
+    def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
+        """Process one batch as the holder of `fence`; return the new checkpoint, or the
+        partition's final status when the keyset pass ended in this batch's transaction.
+        `FencedOut` if a newer holder owns the partition."""
         began, rows_before = self.clock(), self.rows_done
-        found: int | str | None
-        if self.cursor.closing:
-            found = self._closing_batch(fence, pool)
-        else:
-            found = self._keyset_batch(fence, pool)
-            if found is None:
-                self.cursor.closing = True
+        found = self._keyset_batch(fence, pool)
         if self.rows_done > rows_before:
             rows, seconds = self.rows_done - rows_before, self.clock() - began
-            self.sizer.observe(rows, seconds)
+            SETTLED.put(self.job, self.sizer.observe(rows, seconds))
             if record.on is not None:
                 self._count(record.on, rows, seconds)
         return found
@@ -214,15 +195,15 @@ class Batches:
         metrics.range_batch_seconds.labels(job).observe(seconds)
         metrics.range_batch_size.labels(job).set(self.sizer.size)
 
-    def _keyset_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | None:
+    def _keyset_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
         size = self.sizer.size
         fetch = min(size, self.job.fetch_size or size)
         self._pending_skips = frozenset()
         with self.row.sessions.begin() as session:
             conn = session.connection(execution_options=WRITE_INTENT)
             rows = self._fetch(conn, self.cursor.next_id, fetch)
-            if not rows:
-                return None
+            if not rows:  # nothing matches from the cursor to `hi`
+                return self.row.finish(conn, fence, self.partition.hi + 1)
             checkpoint, done = self._process(session, conn, fence, rows, pool,
                                              check=not self.cursor.checked)
             short = len(rows) < fetch
@@ -230,9 +211,11 @@ class Batches:
                 checkpoint, done, short = self._read_on(session, conn, fence, pool,
                                                         (checkpoint, done, len(rows)),
                                                         fetch, size)
-        if short:  # the read saw every matching row up to `hi`
-            self.cursor.closing = True
-        return self._advance(checkpoint, done)
+            # A short read saw every matching row up to `hi`: the partition is done with
+            # this batch, in its transaction.
+            final = self.row.finish(conn, fence, self.partition.hi + 1) if short else None
+        self._advance(checkpoint, done)
+        return final if final is not None else checkpoint
 
     def _read_on(self, session: Session, conn: Connection, fence: int,
                  pool: ThreadPoolExecutor | None, so_far: tuple[int, int, int],
@@ -272,30 +255,12 @@ class Batches:
             result.close()
         return BatchRows(raw, self._make_row, self._id_index)
 
-    def _closing_batch(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
-        self._pending_skips = frozenset()
-        with self.row.sessions.begin() as session:
-            conn = session.connection(execution_options=WRITE_INTENT)
-            # The highest id read *before* the closing read: the done row's checkpoint is
-            # past it (what status shows as ids walked; the run's closing round, not this
-            # number, decides what is left).
-            top = conn.execute(self._top).scalar()
-            rows = self._fetch(conn, self.partition.lo, self.sizer.size)
-            if not rows:
-                next_id = self.cursor.next_id
-                return self.row.finish(conn, fence,
-                                       max(next_id, top + 1) if top is not None else next_id)
-            self._refuse_repeats(rows)
-            checkpoint, done = self._process(session, conn, fence, rows, pool, check=True)
-        return self._advance(checkpoint, done)
-
     def _process(self, session: Session, conn: Connection, fence: int,
                  rows: Sequence[Row[Any]], pool: ThreadPoolExecutor | None, *,
                  check: bool) -> tuple[int, int]:
         """Guard the work row, then run the job on `rows`, in the batch's transaction; return
         the new checkpoint and how many rows were processed (not skipped)."""
-        last = _id_at(rows, -1, self.job.id_column)
-        checkpoint = max(self.cursor.next_id, last + 1)  # closing rows may lie below the cursor
+        checkpoint = _id_at(rows, -1, self.job.id_column) + 1
         rate = (self.rows_done + len(rows)) / max(self.clock() - self.started, 1e-6)
         guarded = affected(conn.execute(self._guard, {
             "mine": fence, "checkpoint": checkpoint, "batch_rows": len(rows),
@@ -351,20 +316,9 @@ class Batches:
     def _clear_of_quarantine(self, first: int, last: int) -> bool:
         return not any(first <= q <= last for q in self._quarantined)
 
-    def _refuse_repeats(self, rows: Sequence[Row[Any]]) -> None:
-        """Two closing batches in a row that read the same id: its row still matches."""
-        ids = frozenset(_ids(rows, self.job.id_column))
-        again = ids & self.cursor.closed_ids
-        if again:
-            raise FilterNotCleared(
-                f"range job {self.job.name}: row {min(again)} still matches the job's filter "
-                "after it was processed (the process function must make processed rows stop "
-                "matching `where`)")
-        self.cursor.closed_ids = ids
-
     def _check_cleared(self, conn: Connection, rows: Sequence[Row[Any]]) -> None:
         """The job's contract: a processed row no longer matches its filter (checked on the
-        first batch of a run and on closing batches; a failure rolls the batch back).
+        first batch of a run; a failure rolls the batch back).
 
         First the cheap test: no row of the batch's id range matches (one range scan). Only
         if one does (a row the batch left matching, a quarantined row, or a row committed

@@ -1,16 +1,17 @@
 """The closing round: when a run of a range job may end (README, "Which rows a run processes").
 
-A partition is done once its own closing read of `lo..hi` found nothing, but a row can still
-come to match below its checkpoint afterwards: an id allocated before its transaction began (a
-PostgreSQL sequence with a cache, hi-lo or pooled id blocks, application-assigned ids) commits
-whenever its transaction does. So a run never ends on id arithmetic. Once every partition of
+A partition is done once its keyset pass reached `hi`, but a row can still come to match below
+its checkpoint: an id allocated before its transaction began (a PostgreSQL sequence with a
+cache, hi-lo or pooled id blocks, application-assigned ids) commits whenever its transaction
+does. So a run never ends on id arithmetic. Once every partition of
 the run is finished, a reconcile round begins a closing round:
 
     t0  every partition is done or empty; the round notes their fences and the time
     t1  one read of the job's table with the job's filter (rows still to do, the skip
         policy's quarantined rows left out), taken after t0
-    t2  rows found    -> the partitions holding them go back to pending; the run goes on, and
-                         once they are finished again the next closing round begins
+    t2  rows found    -> the partitions holding them go back to pending, their keyset pass
+                         to start again from `lo`; the run goes on, and once they are
+                         finished again the next closing round begins
         none found    -> in one transaction, if no partition changed since t0 (the same
                          fences, all still finished, none added), the run succeeds
 
@@ -44,11 +45,8 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import affected, utcnow
-from tasks.keys import range_schedule_name
-from tasks.models import SCHEDULES, WORK, RunState
-from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import RangeJob
+from tasks.ranges.keys import range_schedule_name
 from tasks.ranges.runs import (
     RECONCILER,
     Run,
@@ -59,6 +57,9 @@ from tasks.ranges.runs import (
     writing,
 )
 from tasks.ranges.skips import quarantined_of_job
+from tasks.store.db import affected, utcnow
+from tasks.store.models import SCHEDULES, WORK, RunState
+from tasks.store.models import PartitionStatus as S
 
 __all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT", "nothing_open"]
 
@@ -196,8 +197,9 @@ def _unchanged(session: Session, job: str, snapshot: _Snapshot) -> bool:
 
 
 def _reopen(session: Session, job: str, snapshot: _Snapshot, found: list[int]) -> list[int]:
-    """The finished partitions holding `found` rows go back to pending. A row outside every
-    partition (committed after this round planned) is planned by the next round."""
+    """The finished partitions holding `found` rows go back to pending, their checkpoint back
+    at `lo` (the rows lie below it). A row outside every partition (committed after this round
+    planned) is planned by the next round."""
     los = [lo for _part, lo, _hi in snapshot.parts]
     holding = set()
     for row_id in found:
@@ -210,7 +212,7 @@ def _reopen(session: Session, job: str, snapshot: _Snapshot, found: list[int]) -
     session.execute(update(WORK).where(
         WORK.c.kind == "range", WORK.c.job == job, WORK.c.part.in_(parts),
         WORK.c.status.in_((S.DONE, S.EMPTY)))
-        .values(status=S.PENDING, finished_at=None, dispatched_at=None))
+        .values(status=S.PENDING, next_id=WORK.c.lo, finished_at=None, dispatched_at=None))
     return parts
 
 

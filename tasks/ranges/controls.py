@@ -27,11 +27,8 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import affected, utcnow
-from tasks.keys import range_schedule_name
-from tasks.models import SCHEDULES, WORK, RunState
-from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import RangeJob, get_job
+from tasks.ranges.keys import range_schedule_name
 from tasks.ranges.reconciler import activate_in
 from tasks.ranges.runs import (
     Run,
@@ -43,7 +40,10 @@ from tasks.ranges.runs import (
     write_flags,
     writing,
 )
-from tasks.validate import InvalidArguments, quote
+from tasks.store.db import affected, utcnow
+from tasks.store.models import SCHEDULES, WORK, RunState
+from tasks.store.models import PartitionStatus as S
+from tasks.store.validate import InvalidArguments, quote
 
 __all__ = ["Controls", "ControlRefused", "VERBS", "MAX_RATE", "validate_rate"]
 

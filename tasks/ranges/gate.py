@@ -1,8 +1,8 @@
 """Before each batch of a partition run: the job's controls (pause, cancel) and its throttles.
 
 One round trip per batch: ``lua/gate.lua`` reads the job's control hash
-(`tasks.keys.range_control_key`: `state`, `rate`) and, while the job is throttled, reserves the
-batch's rows from one GCRA arrival time shared by every partition on every worker, so all of
+(`tasks.ranges.keys.range_control_key`: `state`, `rate`) and, while the job is throttled, reserves
+the batch's rows from one GCRA arrival time shared by every partition on every worker, so all of
 them together stay under the cap. The script answers how long to wait; the runner waits in
 slices shorter than a third of the lease TTL, heartbeating its lease (a throttled holder is
 alive and keeps its partition) and re-reading the controls, so a pause or `throttle JOB 0`
@@ -35,8 +35,8 @@ from typing import Any
 from lease import Lease
 from lease.keys import lease_key
 from lease.scripts import load_lua, run_script
-from tasks.keys import range_control_key, range_orphans_key, range_throttle_key
 from tasks.ranges.jobs import RangeJob
+from tasks.ranges.keys import range_control_key, range_orphans_key, range_throttle_key
 
 __all__ = ["Gate", "GATE", "BACKOFF_FIRST", "BACKOFF_CAP", "NOTE_AFTER", "ADOPT"]
 

@@ -32,11 +32,11 @@ from typing import Any, TypeVar
 from sqlalchemy import ColumnElement, Integer, Row, Table
 from sqlalchemy.orm import Session
 
-from tasks.keys import range_lease_name
+from tasks.ranges.keys import range_lease_name
 from tasks.ranges.planning import Partition
 from tasks.ranges.sizing import validate_sizing
 from tasks.ranges.skips import validate_skips
-from tasks.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
+from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
 
 __all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
            "registered_jobs", "validate_job_name", "validate_part"]

@@ -1,4 +1,4 @@
-"""The range wing's state for Prometheus, read at scrape time (`tasks.metrics`): partitions
+"""The range wing's state for Prometheus, read at scrape time (`tasks.observe.metrics`): partitions
 by job and state, the rows done and planned per job (from the work rows), and the state of
 each job's latest run (one series per state, 1 for the run's state and 0 for the others)."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from tasks.models import RANGE_RUNS, WORK, RunState
-from tasks.settings import Settings
+from tasks.config.settings import Settings
+from tasks.store.models import RANGE_RUNS, WORK, RunState
 
 __all__ = ["collect", "zero"]
 
@@ -18,7 +18,7 @@ __all__ = ["collect", "zero"]
 def collect(settings: Settings) -> Iterable[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
-    from tasks.resources import resources_for
+    from tasks.store.resources import resources_for
 
     res = resources_for(settings)
     w = WORK.c

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import InvalidArguments
+from tasks.store.models import PartitionStatus as S
 
 __all__ = ["Outcome", "Progress", "UnknownPartition", "FencedOut", "FilterNotCleared"]
 

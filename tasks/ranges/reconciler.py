@@ -34,15 +34,15 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
-from tasks.db import affected, utcnow
-from tasks.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
-from tasks.keys import range_schedule_name as schedule_name
-from tasks.models import SCHEDULES, WORK, RunState
-from tasks.models import PartitionStatus as S
 from tasks.ranges.closing import close_run
 from tasks.ranges.jobs import RangeJob
+from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
+from tasks.ranges.keys import range_schedule_name as schedule_name
 from tasks.ranges.planning import StoredPlan, plan_after
 from tasks.ranges.runs import current_run, enforce
+from tasks.store.db import affected, utcnow
+from tasks.store.models import SCHEDULES, WORK, RunState
+from tasks.store.models import PartitionStatus as S
 
 __all__ = ["Round", "schedule_name", "activate", "activate_in", "reconcile_job",
            "active_jobs", "repair_inactive", "due_now"]

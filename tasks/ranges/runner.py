@@ -11,7 +11,7 @@ Timeline of a takeover (why the fence, not the lease, is what keeps writes exact
     t3  A wakes and commits its batch: the guard `UPDATE work_items ... WHERE fence = 7` matches
         no row, so A rolls back its effects and stops. Rows 1001..2000 were processed once.
 
-The work row's fenced writes are in `workrow`, the batches and the closing pass that decides
+The work row's fenced writes are in `workrow`, the batches and the keyset pass that decides
 when a partition is done in `batches`, the outcomes in `outcomes`; this module holds the lease
 and turns what stopped a run into its `Outcome`.
 """
@@ -30,17 +30,17 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
-from tasks.db import is_redis_away, is_transient, utcnow
-from tasks.keys import OUTAGE_TTL, range_outage_key
-from tasks.logs import bind
-from tasks.metrics import record
-from tasks.models import PartitionStatus as S
+from tasks.observe.logs import bind
+from tasks.observe.metrics import record
 from tasks.ranges.batches import Batches
 from tasks.ranges.gate import ADOPT, Gate
 from tasks.ranges.jobs import RangeJob
+from tasks.ranges.keys import OUTAGE_TTL, range_outage_key
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared, Outcome, Progress, UnknownPartition
 from tasks.ranges.planning import Partition
 from tasks.ranges.workrow import DEAD_LETTER_KIND, WorkRow
+from tasks.store.db import is_redis_away, is_transient, utcnow
+from tasks.store.models import PartitionStatus as S
 
 # The outcomes, exceptions and dead-letter kind are re-exported: a run's caller needs them.
 __all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "FencedOut",
@@ -186,14 +186,10 @@ class PartitionRunner:
                          self.part, stop)
                 self.row.park(lease.fence)
                 return Outcome.PAUSED
-            closing = batches.cursor.closing
             step = self._with_retries(lease, batches.step, lease.fence, pool)
-            if isinstance(step, str):
-                return step
-            if batches.cursor.closing and not closing:  # the closing pass starts
+            if isinstance(step, str):  # the keyset pass ended: the partition's final status
                 self.seam("keyset-done")
-            if step is None:  # an empty read: nothing committed
-                continue
+                return step
             lease.heartbeat()
             self._report(batches, step)
 

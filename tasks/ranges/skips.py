@@ -12,8 +12,8 @@ row id, reason), so the batch, its checkpoint and its quarantine commit together
                                the batch commits rows 1-5, 7, 8 and the letter for row 6
 
 A quarantined row still matches the job's filter (it was never processed), so every read of
-rows still to do (the keyset and closing passes, the run's closing round) leaves out
-the partition's quarantined ids: otherwise the closing pass would read it forever. The dead
+rows still to do (the keyset pass, the run's closing round) leaves out the partition's
+quarantined ids: otherwise the closing round would reopen its partition forever. The dead
 letters are the record: a row stays quarantined until its letter is purged
 (`python -m tasks deadletters purge ID`), after which the next run takes it again. A
 partition tolerates `skip_limit` quarantined rows (counted from its letters); the batch that
@@ -34,8 +34,8 @@ from typing import Any
 from sqlalchemy import Row, insert, select
 from sqlalchemy.orm import Session
 
-from tasks.db import utcnow
-from tasks.models import DEAD_LETTERS
+from tasks.store.db import utcnow
+from tasks.store.models import DEAD_LETTERS
 
 __all__ = ["SKIP_KIND", "SkipLimitExceeded", "Skips", "validate_skips", "quarantined_ids",
            "quarantined_of_job"]

@@ -28,9 +28,9 @@ from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import utcnow
-from tasks.models import WORK, PartitionStatus
-from tasks.status import console_for
+from tasks.deadletters.view import console_for
+from tasks.store.db import utcnow
+from tasks.store.models import WORK, PartitionStatus
 
 __all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "render",
            "jobs_table", "partitions_table", "ranges_json", "format_eta"]

@@ -21,8 +21,7 @@ from celery import Task
 from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
 
-from tasks.app import app, settings
-from tasks.lifecycle import shutdown_requested
+from tasks.celery import app, settings
 from tasks.ranges.closing import nothing_open
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
@@ -34,8 +33,9 @@ from tasks.ranges.reconciler import (
     repair_inactive,
 )
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
-from tasks.resources import resources_for
-from tasks.validate import InvalidArguments
+from tasks.store.resources import resources_for
+from tasks.store.validate import InvalidArguments
+from tasks.worker.lifecycle import shutdown_requested
 
 __all__ = ["start", "reconcile", "run_partition", "PROGRESS", "pause", "resume", "cancel",
            "retry_failed", "throttle", "controls", "start_job"]

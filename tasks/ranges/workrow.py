@@ -21,12 +21,12 @@ from sqlalchemy import Connection, Update, and_, bindparam, case, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import affected, utcnow
-from tasks.deadletter import DeadLetters
-from tasks.models import WORK
-from tasks.models import PartitionStatus as S
+from tasks.deadletters.store import DeadLetters
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.outcomes import FencedOut, UnknownPartition
+from tasks.store.db import affected, utcnow
+from tasks.store.models import WORK
+from tasks.store.models import PartitionStatus as S
 
 __all__ = ["WorkRow", "DEAD_LETTER_KIND"]
 

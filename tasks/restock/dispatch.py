@@ -30,9 +30,9 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.models import ORDER_ITEMS, RESTOCK_NODES, SKUS
 from tasks.restock.keys import delay_key, meta_key, offset_key, stock_key, term_key
 from tasks.restock.nodes import StockNode
+from tasks.store.models import ORDER_ITEMS, RESTOCK_NODES, SKUS
 
 __all__ = ["DueWork", "due_work"]
 

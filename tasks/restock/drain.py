@@ -48,15 +48,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import LeaseLost, NotAcquired
-from tasks.db import WRITE_INTENT, is_transient, utcnow
-from tasks.deadletter import DeadLetters
-from tasks.models import ORDER_ITEMS, ItemState
+from tasks.deadletters.store import DeadLetters
 from tasks.restock.keys import attempts_key, delay_key, drain_lease_name
 from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, RedoEntry, parse_entry
 from tasks.restock.replies import SUCCESS, Action, LockNotHeld, NodeMaintaining, QueueFull
 from tasks.restock.scripts import DEFAULT_CAPACITY, DEFAULT_DELAY_MS, RestockResult
-from tasks.validate import quote
+from tasks.store.db import WRITE_INTENT, is_transient, utcnow
+from tasks.store.models import ORDER_ITEMS, ItemState
+from tasks.store.validate import quote
 
 __all__ = ["DEAD_LETTER_KIND", "MAX_ATTEMPTS", "DrainOutcome", "DrainReport", "Drainer",
            "SyncReport"]

@@ -35,10 +35,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import WRITE_INTENT, utcnow
-from tasks.models import ORDER_ITEMS, RESTOCK_NODES, ItemState
 from tasks.restock.keys import deducted_key, term_key
 from tasks.restock.scripts import Generation, StockScripts
+from tasks.store.db import WRITE_INTENT, utcnow
+from tasks.store.models import ORDER_ITEMS, RESTOCK_NODES, ItemState
 
 __all__ = ["LOST_DEDUCTION", "SOLD_BEFORE", "check_holds", "recorded_generation"]
 

@@ -47,9 +47,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, NotAcquired
-from tasks.db import WRITE_INTENT, utcnow
-from tasks.deadletter import DeadLetters
-from tasks.models import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
+from tasks.deadletters.store import DeadLetters
 from tasks.restock.holds import recorded_generation
 from tasks.restock.keys import (
     deducted_key,
@@ -64,6 +62,8 @@ from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, format_entry, parse_entry
 from tasks.restock.replies import LockNotHeld
 from tasks.restock.scripts import Generation, Reissue
+from tasks.store.db import WRITE_INTENT, utcnow
+from tasks.store.models import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
 
 __all__ = ["MAX_ATTEMPTS", "REBUILD_DEAD_LETTER_KIND", "RebuildOutcome", "RebuildReport",
            "Rebuilder"]

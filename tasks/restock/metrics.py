@@ -1,4 +1,4 @@
-"""The restock wing's state for Prometheus, read at scrape time (`tasks.metrics`):
+"""The restock wing's state for Prometheus, read at scrape time (`tasks.observe.metrics`):
 per node and queue the delay-queue length, the entries due, the unsynced redo log; per node
 the term, whether it is in maintenance, and its dead letters."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tasks.config.settings import Settings
 from tasks.restock.clock import wall_ms
 from tasks.restock.nodes import stock_nodes
 from tasks.restock.status import restock_nodes
-from tasks.settings import Settings
 
 __all__ = ["collect", "zero"]
 
@@ -18,7 +18,7 @@ __all__ = ["collect", "zero"]
 def collect(settings: Settings) -> Iterable[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
-    from tasks.resources import resources_for
+    from tasks.store.resources import resources_for
 
     res = resources_for(settings)
     views = restock_nodes(res.sessions, stock_nodes(res), settings.restock_queue_names,

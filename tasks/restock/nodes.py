@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lease import Leases
-from tasks.resources import Resources
+from tasks.config.settings import Settings
 from tasks.restock.scripts import StockScripts
-from tasks.settings import Settings
+from tasks.store.resources import Resources
 
 __all__ = ["StockNode", "close_shards", "connect_shards", "master_clients", "master_of",
            "stock_nodes"]
@@ -77,7 +77,7 @@ def connect_shards(clients: Sequence[Any], shards: int,
 def master_clients(settings: Settings, socket_timeout: float = 5.0) -> list[Any]:
     """One client per stock master of `settings` (a cluster: its one client; a sentinel://
     URL: a client that follows its master's failovers)."""
-    from tasks.redisconn import redis_client
+    from tasks.config.redisconn import redis_client
 
     timeouts: dict[str, Any] = {"socket_timeout": socket_timeout,
                                 "socket_connect_timeout": socket_timeout}

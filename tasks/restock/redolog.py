@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tasks.validate import quote
+from tasks.store.validate import quote
 
 __all__ = [
     "FIELDS",

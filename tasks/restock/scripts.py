@@ -39,6 +39,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from lease.scripts import load_lua, run_script
+from tasks.config.settings import Settings
 from tasks.restock.keys import (
     deduct_keys,
     discard_keys,
@@ -57,7 +58,6 @@ from tasks.restock.redolog import (
     parse_entry,
 )
 from tasks.restock.replies import ACTIONS, DUPLICATE, Action, UnexpectedReply, raise_for, reply_text
-from tasks.settings import Settings
 
 __all__ = [
     "DEDUCT",

@@ -38,15 +38,15 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import WRITE_INTENT, utcnow
-from tasks.models import ORDER_ITEMS, ORDERS, PAYMENTS, SKUS, ItemState
 from tasks.restock.holds import check_holds, recorded_generation
 from tasks.restock.keys import stock_key
 from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
 from tasks.restock.replies import InsufficientStock, NodeMaintaining, NodeStale, UnknownSku
 from tasks.restock.routing import Router
 from tasks.restock.scripts import Generation, StockScripts
-from tasks.validate import quote
+from tasks.store.db import WRITE_INTENT, utcnow
+from tasks.store.models import ORDER_ITEMS, ORDERS, PAYMENTS, SKUS, ItemState
+from tasks.store.validate import quote
 
 __all__ = [
     "DuplicateOrderItem",

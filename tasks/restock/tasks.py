@@ -30,10 +30,8 @@ from typing import Any
 
 import redis
 
-from tasks.app import app, settings
-from tasks.base import PlatformTask
-from tasks.metrics import record
-from tasks.resources import resources_for
+from tasks.celery import app, settings
+from tasks.observe.metrics import record
 from tasks.restock.dispatch import due_work
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
@@ -41,8 +39,10 @@ from tasks.restock.nodes import StockNode, stock_nodes
 from tasks.restock.redolog import MAX_SKU_NUM
 from tasks.restock.routing import Router
 from tasks.restock.shop import OrderPending, Shop, StockUnavailable
-from tasks.retry import RetryPolicy
-from tasks.validate import InvalidArguments, int_arg, quote, text_arg
+from tasks.store.resources import resources_for
+from tasks.store.validate import InvalidArguments, int_arg, quote, text_arg
+from tasks.worker.base import PlatformTask
+from tasks.worker.retry import RetryPolicy
 
 __all__ = ["ID_MAX_LEN", "MAX_LINES", "define_sku", "drain", "inspect", "pay", "place_order",
            "rebuild", "router", "sync", "tick"]

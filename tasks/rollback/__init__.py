@@ -1,6 +1,6 @@
 """Rollback checkpoints: a task journals how to undo each step; failure runs the undos in reverse.
 
-Inside a task built on `tasks.base.PlatformTask`::
+Inside a task built on `tasks.worker.base.PlatformTask`::
 
     @compensation("cancel_shipment")
     def cancel_shipment(data: dict[str, Any]) -> None: ...   # idempotent, see below

@@ -16,13 +16,13 @@ from typing import Any
 
 from celery import Task, current_task
 
-from tasks.app import settings
-from tasks.base import PlatformTask
-from tasks.resources import resources_for
+from tasks.celery import settings
 from tasks.rollback.errors import NotInTask
 from tasks.rollback.journals import Journal, carries_over
 from tasks.rollback.runner import RollbackReport
 from tasks.rollback.tables import OwnerState
+from tasks.store.resources import resources_for
+from tasks.worker.base import PlatformTask
 
 __all__ = ["checkpoint", "current", "journal", "rollback", "rollback_now", "set_journal",
            "settle", "step"]
@@ -74,7 +74,7 @@ def _running() -> tuple[str, str, int]:
         raise NotInTask("checkpoint() must be called inside a running Celery task")
     if not isinstance(task._get_current_object(), PlatformTask):
         # Only PlatformTask checks the journal before Celery stores SUCCESS (settle()).
-        raise NotInTask(f"checkpoint() needs a task built on tasks.base.PlatformTask, "
+        raise NotInTask(f"checkpoint() needs a task built on tasks.worker.base.PlatformTask, "
                         f"and {task.name} is not")
     return task.name, task_id, int(getattr(request, "retries", 0) or 0)
 

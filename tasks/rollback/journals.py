@@ -26,11 +26,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseError, Leases, NotAcquired
-from tasks.app import settings
-from tasks.db import WRITE_INTENT, affected, utcnow
-from tasks.keys import handover_key, journal_lease_name
-from tasks.retry import RetryPolicy
+from tasks.celery import settings
 from tasks.rollback.errors import JournalBusy, JournalLost, RollbackError
+from tasks.rollback.keys import handover_key, journal_lease_name
 from tasks.rollback.registry import require
 from tasks.rollback.runner import (
     COMPENSATION_POLICY,
@@ -40,6 +38,8 @@ from tasks.rollback.runner import (
 )
 from tasks.rollback.signals import checkpoint_recorded
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
+from tasks.store.db import WRITE_INTENT, affected, utcnow
+from tasks.worker.retry import RetryPolicy
 
 __all__ = ["Journal", "carries_over", "rollback_on_retry"]
 
@@ -338,7 +338,7 @@ class Journal:
         """A failed attempt is retried with ROLLBACK_ON_RETRY off: give the journal up for the
         next attempt, which may run in another process, and stop keeping its lease alive.
 
-        The marker (`tasks.keys.handover_key`) first, so the sweeper never sees the journal
+        The marker (`tasks.rollback.keys.handover_key`) first, so the sweeper never sees the journal
         handed over and unguarded.
         """
         with self._lock:

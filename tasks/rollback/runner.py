@@ -27,10 +27,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import affected, utcnow
-from tasks.deadletter import DeadLetters
-from tasks.metrics import record
-from tasks.retry import RetryPolicy, decide
+from tasks.deadletters.store import DeadLetters
+from tasks.observe.metrics import record
 from tasks.rollback.errors import UnknownCompensation
 from tasks.rollback.registry import resolve
 from tasks.rollback.signals import (
@@ -40,6 +38,8 @@ from tasks.rollback.signals import (
     rollback_step_succeeded,
 )
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState
+from tasks.store.db import affected, utcnow
+from tasks.worker.retry import RetryPolicy, decide
 
 __all__ = ["COMPENSATION_POLICY", "STUCK_AFTER", "Ownership", "RollbackReport",
            "RollbackRunner", "StepOutcome"]

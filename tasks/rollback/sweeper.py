@@ -23,10 +23,8 @@ from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
-from tasks.db import affected, utcnow
-from tasks.keys import handover_key, journal_lease_name
-from tasks.metrics import record
-from tasks.retry import RetryPolicy
+from tasks.observe.metrics import record
+from tasks.rollback.keys import handover_key, journal_lease_name
 from tasks.rollback.runner import (
     COMPENSATION_POLICY,
     STUCK_AFTER,
@@ -35,6 +33,8 @@ from tasks.rollback.runner import (
     RollbackRunner,
 )
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
+from tasks.store.db import affected, utcnow
+from tasks.worker.retry import RetryPolicy
 
 __all__ = ["Candidate", "Sweeper", "TakeBack", "sweep"]
 

@@ -1,6 +1,6 @@
 """The journal's two tables and the states of their rows.
 
-On the shared `tasks.models.Base.metadata`, so one MetaData holds every table of the platform;
+On the shared `tasks.store.models.Base.metadata`, so one MetaData holds every table of the platform;
 migrations 0003 and 0007 create them (and their indexes), never `create_all`.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, DateTime, Integer, String, Table, Text, UniqueConstraint
 
-from tasks.models import Base
+from tasks.store.models import Base
 
 __all__ = ["JOURNAL", "OWNERS", "JournalState", "OwnerState"]
 

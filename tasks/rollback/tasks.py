@@ -13,7 +13,7 @@
                                         few seconds too)
 
 Importing this module installs the hooks and connects the handlers; `tasks.rollback` imports
-it, and Celery imports `tasks.rollback` (tasks.app.TASK_MODULES).
+it, and Celery imports `tasks.rollback` (tasks.celery.TASK_MODULES).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from typing import Any
 from celery import Task
 from celery.signals import task_failure, task_prerun, task_retry, task_revoked, worker_ready
 
-from tasks.app import app, settings
-from tasks.base import PlatformTask, TaskHooks, install_hooks
-from tasks.db import utcnow
-from tasks.resources import resources_for
+from tasks.celery import app, settings
 from tasks.rollback.api import current, journal, rollback, rollback_now, settle
 from tasks.rollback.errors import JournalLost
 from tasks.rollback.journals import carries_over, rollback_on_retry
 from tasks.rollback.sweeper import Sweeper, TakeBack, sweep
-from tasks.validate import text_arg
+from tasks.store.db import utcnow
+from tasks.store.resources import resources_for
+from tasks.store.validate import text_arg
+from tasks.worker.base import PlatformTask, TaskHooks, install_hooks
 
 __all__ = ["HOOKS", "ROLLBACK_LOOKS", "rollback_task", "sweep_task"]
 

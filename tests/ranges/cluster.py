@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from tasks.models import CmData, WorkItem
-from tasks.models import PartitionStatus as S
+from tasks.store.models import CmData, WorkItem
+from tasks.store.models import PartitionStatus as S
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     CELERY,

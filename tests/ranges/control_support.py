@@ -12,9 +12,9 @@ import redis
 from sqlalchemy import Engine, func, select
 
 from lease.keys import lease_key
-from tasks.keys import range_lease_name
-from tasks.models import RANGE_RUN_EVENTS, RANGE_RUNS, CmData
-from tasks.models import PartitionStatus as S
+from tasks.ranges.keys import range_lease_name
+from tasks.store.models import RANGE_RUN_EVENTS, RANGE_RUNS, CmData
+from tasks.store.models import PartitionStatus as S
 from tests import SAMPLE_MODULES
 from tests.ranges.cluster import Platform
 from tests.support.workers import ROOT

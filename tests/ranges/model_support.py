@@ -32,12 +32,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
 from lease.keys import lease_key
-from tasks.db import utcnow
-from tasks.models import CM_DATA, RANGE_RUNS, SCHEDULES, WORK, Base
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import Round, activate, reconcile_job
 from tasks.ranges.runner import PartitionRunner
+from tasks.store.db import utcnow
+from tasks.store.models import CM_DATA, RANGE_RUNS, SCHEDULES, WORK, Base
 
 __all__ = ["Env", "step", "FakeClock", "Budget", "Crash", "crashing", "Paused", "Work", "Data",
            "reset", "work_rows", "data_rows", "run_state", "expire", "watch_reads",

@@ -121,6 +121,31 @@ def test_the_maximum_holds_even_when_batches_are_fast(
     assert sizes[:3] == [50, 200, 300] and max(sizes) == 300 and sum(sizes) == 2000
 
 
+def test_the_next_partition_of_a_job_starts_at_the_size_the_last_one_settled_on(
+        engine: Engine, sessions: sessionmaker[Session], leases: Leases,
+        redis_client: redis.Redis) -> None:
+    seed_cm_data(engine, 2000)
+    firsts: list[tuple[int, int]] = []  # (first id, rows) of each batch
+
+    def record(rows: Sequence[Row[Any]], ctx: Context) -> None:
+        firsts.append((rows[0].id, len(rows)))
+        mark_processed(rows, ctx)
+
+    job = dataclasses.replace(cm_data, name="adaptive_carry", process=record, batch_size=50,
+                              parallelism=1, partition_size=1000, target_batch_s=5.0,
+                              min_batch_size=10, max_batch_size=300)
+    assert run_all(job, sessions, leases, redis_client) == [Outcome.DONE, Outcome.DONE]
+    first_of_part = [rows for first, rows in firsts if first in (1, 1001)]
+    assert first_of_part == [50, 300], firsts  # ramped once, then carried over
+    # The same job re-declared (another object) ramps from its batch_size again.
+    firsts.clear()
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE cm_data SET status = 0")
+    again = dataclasses.replace(job, name="adaptive_carry_again")
+    assert run_all(again, sessions, leases, redis_client) == [Outcome.DONE, Outcome.DONE]
+    assert [rows for first, rows in firsts if first in (1, 1001)] == [50, 300], firsts
+
+
 def near(times: list[float], outliers: int = 0) -> bool:
     """At most `outliers` of `times` are more than 50% off the target."""
     return bool(times) and sum(abs(t - TARGET) > TARGET / 2 for t in times) <= outliers

@@ -1,7 +1,7 @@
 """How a batch reads and closes, in-process on a real Redis and all three databases: rows off
 the driver's cursor still look like SQLAlchemy rows to a job, a short batch ends the keyset
-pass and the closing pass still finds rows committed late around it, and the filter-contract
-check stays exact past its cheap range test."""
+pass and finishes the partition in its transaction (rows committed late around it are the
+run's closing round's), and the filter-contract check stays exact past its cheap range test."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from lease import Leases
 from tasks.examples import cm_data as cm_data_module
 from tasks.examples.cm_data import mark_processed
 from tasks.examples.seed import seed_cm_data
-from tasks.models import CM_DATA, WORK
 from tasks.ranges import batches
 from tasks.ranges.batches import Batches, BatchRows
 from tasks.ranges.jobs import Context
 from tasks.ranges.runner import Outcome
-from tests.ranges.test_guarantees import add_row
+from tasks.store.models import CM_DATA, WORK
+from tests.ranges.test_guarantees import add_row, round_now
 from tests.ranges.test_runner import counts, plan, runner, small, work
 
 
@@ -91,13 +91,14 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     yield found
 
 
-def test_a_short_batch_ends_the_keyset_pass_and_the_closing_pass_finds_late_rows(
+def test_a_short_batch_ends_the_keyset_pass_and_the_closing_round_finds_late_rows(
     engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis,
     reads: list[int]
 ) -> None:
-    """Rows 1..10 and 21..23, batches of 4: the fourth batch (23) is short, so no empty read
-    follows it. Right then a row commits below the checkpoint (15, an id taken early) and one
-    above it (30): the closing pass reads the range from its start and processes both."""
+    """Rows 1..10 and 21..23, batches of 4: the fourth batch (23) is short, so it finishes
+    the partition and no read follows it. Right then a row commits below the checkpoint (15,
+    an id taken early) and one above it (30): the closing round finds both and sends the
+    partition back, its keyset pass starting again from `lo`."""
     seed_cm_data(engine, 10)
     seed_cm_data(engine, 3, start_id=21)
     job = small(batch_size=4)
@@ -111,12 +112,17 @@ def test_a_short_batch_ends_the_keyset_pass_and_the_closing_pass_finds_late_rows
 
     assert runner(job, 0, sessions, leases, seam=commit_late).run() == Outcome.DONE
     assert steps == ["keyset-done"]
-    # Keyset reads from 1, 5, 9, 23 (none from 24); closing reads from the start: one finds
-    # 15 and 30, the next finds nothing and closes the partition.
-    assert reads == [1, 5, 9, 23, 1, 1]
-    assert counts(engine) == {1: 15}
+    assert reads == [1, 5, 9, 23]
     row = work(engine, 0)
-    assert (row.status, row.rows_done, row.next_id) == ("done", 15, 31)
+    assert (row.status, row.rows_done, row.next_id) == ("done", 13, row.hi + 1)
+    assert counts(engine) == {1: 13, 0: 2}
+    found = round_now(sessions, redis_client, job, settle=0)
+    assert (found.late, found.reopened) == (2, 1)
+    assert (work(engine, 0).status, work(engine, 0).next_id) == ("pending", row.lo)
+    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert reads == [1, 5, 9, 23, 1]  # one short read from `lo` finds 15 and 30
+    assert counts(engine) == {1: 15}
+    assert work(engine, 0).rows_done == 15
 
 
 def test_a_full_last_batch_still_ends_with_an_empty_keyset_read(
@@ -127,7 +133,7 @@ def test_a_full_last_batch_still_ends_with_an_empty_keyset_read(
     job = small(batch_size=4)
     plan(sessions, redis_client, job)
     assert runner(job, 0, sessions, leases).run() == Outcome.DONE
-    assert reads == [1, 5, 9, 1]
+    assert reads == [1, 5, 9]
     assert counts(engine) == {1: 8}
 
 

@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
 from tasks.examples.seed import seed_cm_data
-from tasks.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
-from tasks.models import PartitionStatus as S
 from tasks.ranges.closing import close_run
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.reconciler import reconcile_job
 from tasks.ranges.runner import Outcome
+from tasks.store.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
+from tasks.store.models import PartitionStatus as S
 from tests.ranges.test_guarantees import add_row
 from tests.ranges.test_runner import counts, runner, small, work
 
@@ -67,13 +67,13 @@ def test_a_row_with_an_early_id_committed_below_a_finished_checkpoint_is_process
     engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
 ) -> None:
     """Item 1 with application-assigned ids: id 2 commits after partition 0 is done (its
-    closing pass over), while the run goes on; the run's closing round finds it."""
+    keyset pass over), while the run goes on; the run's closing round finds it."""
     seed_cm_data(engine, 2490, start_id=11)  # ids 11..2500; 1..10 free
     job = small()
     start(sessions, redis_client)
     assert round_now(sessions, redis_client, job).planned == 3
     assert runner(job, 0, sessions, leases).run() == Outcome.DONE
-    add_row(engine, 2)  # a short transaction, long after partition 0's own closing read
+    add_row(engine, 2)  # a short transaction, long after partition 0 finished
     assert [runner(job, p, sessions, leases).run() for p in (1, 2)] == [Outcome.DONE] * 2
     found = round_now(sessions, redis_client, job)  # the closing round
     assert (found.late, found.reopened, found.run) == (1, 1, None)
@@ -104,7 +104,8 @@ def test_an_id_from_a_cached_sequence_committed_after_the_partition_finished_is_
         start(sessions, redis_client)
         round_now(sessions, redis_client, job)
         assert runner(job, 0, sessions, leases).run() == Outcome.DONE
-        assert work(engine, 0).next_id == 51  # the partition's checkpoint, past id 50
+        done = work(engine, 0)
+        assert done.next_id == done.hi + 1 == 1001  # the keyset pass walked all of 1..1000
         assert a.execute(insert_row).scalar() == 2
         a.commit()
     assert round_now(sessions, redis_client, job).reopened == 1

@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 from lease.keys import lease_key
 from tasks.examples.seed import seed_cm_data
-from tasks.keys import range_lease_name
+from tasks.ranges.keys import range_lease_name
 from tests.ranges.cluster import Platform
 from tests.support.redis_cluster import redis_cluster
 from tests.support.redis_server import RedisServer

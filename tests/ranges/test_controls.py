@@ -18,12 +18,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import tasks.examples.cm_data  # noqa: F401  (registers the cm_data job in this process)
 from tasks.examples.seed import seed_cm_data
-from tasks.keys import range_control_key
-from tasks.models import PartitionStatus as S
-from tasks.models import RunState
 from tasks.ranges.controls import ControlRefused, Controls
+from tasks.ranges.keys import range_control_key
 from tasks.ranges.runs import change_state, current_run
-from tasks.validate import InvalidArguments
+from tasks.store.models import PartitionStatus as S
+from tasks.store.models import RunState
+from tasks.store.validate import InvalidArguments
 from tests.ranges.cluster import DATA, Platform
 from tests.ranges.control_support import (
     control_platform,

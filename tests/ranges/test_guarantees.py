@@ -19,15 +19,15 @@ from sqlalchemy import Engine, Row, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
-from tasks.deadletter import DeadLetters
+from tasks.config.settings import SettingsError
+from tasks.deadletters.store import DeadLetters
 from tasks.examples.cm_data import load_config, mark_processed
 from tasks.examples.seed import seed_cm_data
-from tasks.models import CM_DATA, WORK
-from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import DEAD_LETTER_KIND, Outcome
-from tasks.settings import SettingsError
+from tasks.store.models import CM_DATA, WORK
+from tasks.store.models import PartitionStatus as S
 from tests.ranges.test_runner import counts, plan, runner, small, work
 
 
@@ -56,11 +56,13 @@ def round_now(sessions: sessionmaker[Session], client: redis.Redis, job: RangeJo
 
 # Item 2: a growing table loses rows.
 
-def test_rows_committed_between_the_last_empty_batch_and_the_close_are_processed(
+def test_rows_committed_after_the_keyset_pass_are_processed_by_the_closing_round(
     engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
 ) -> None:
-    """The issue's gap: after the keyset pass found nothing, a row is committed at the end of
-    the partition (row 11) and one below the checkpoint (an id taken early, committed late)."""
+    """The issue's gap: after the keyset pass finished the partition, a row is committed at
+    the end of the partition (row 31) and one below the checkpoint (an id taken early,
+    committed late). The closing round finds both; the partition's second pass processes
+    them, and the round after it finds nothing."""
     seed_cm_data(engine, 10)
     seed_cm_data(engine, 10, start_id=21)  # ids 1..10 and 21..30; 15 is free below the end
     job = small(batch_size=4)
@@ -75,11 +77,14 @@ def test_rows_committed_between_the_last_empty_batch_and_the_close_are_processed
 
     assert runner(job, 0, sessions, leases, seam=commit_in_the_gap).run() == Outcome.DONE
     assert inserted == [31, 15]
+    assert counts(engine) == {1: 20, 0: 2}
+    assert round_now(sessions, redis_client, job, settle=0).reopened == 1
+    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
     assert counts(engine) == {1: 22}
     row = work(engine, 0)
-    assert row.rows_done == 22 and row.next_id == 32
+    assert row.rows_done == 22 and row.next_id == row.hi + 1
     # Nothing is left for a reopen to find, and a later round does not reopen it needlessly.
-    assert round_now(sessions, redis_client, job).reopened == 0
+    assert round_now(sessions, redis_client, job, settle=0).reopened == 0
 
 
 def test_a_job_reconciled_without_a_run_repeats_its_closing_read_every_settle_interval(

@@ -18,12 +18,12 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, func, insert, select, text, update
 
-from tasks.db import utcnow
-from tasks.deadletter import DeadLetters
+from tasks.deadletters.store import DeadLetters
 from tasks.examples.seed import seed_cm_data
-from tasks.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, RunState
-from tasks.models import PartitionStatus as S
 from tasks.ranges.runner import DEAD_LETTER_KIND
+from tasks.store.db import utcnow
+from tasks.store.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, RunState
+from tasks.store.models import PartitionStatus as S
 from tests import WORKER_REDIS_URL
 from tests.ranges.cluster import Platform
 from tests.support.redis_server import RedisServer

@@ -41,10 +41,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease import Leases
 from lease.keeper import Keeper
 from tasks.examples.cm_data import cm_data
-from tasks.models import PartitionStatus as S
-from tasks.models import RunState
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.runner import Outcome, PartitionRunner
+from tasks.store.models import PartitionStatus as S
+from tasks.store.models import RunState
 from tests.ranges import model_support as support
 
 JOB = dataclasses.replace(cm_data, partition_size=20, batch_size=4, parallelism=1,
@@ -55,8 +55,8 @@ MAX_HELD = 2  # holders paused at once
 EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "30"))
 STEPS = int(os.environ.get("MODEL_STEPS", "30"))
 
-# Turns of a holder's batch loop: a partition of 20 full rows takes 7 (5 batches, the keyset
-# pass's empty read, the closing read), so about half the draws run it to its end.
+# Turns of a holder's batch loop: a partition of 20 full rows takes 6 (5 batches and the
+# keyset pass's empty read), so about half the draws run it to its end.
 TURNS = st.one_of(st.integers(0, 8), st.just(100))
 
 

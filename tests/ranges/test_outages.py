@@ -16,19 +16,19 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, Uuid, select, t
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
-from tasks.deadletter import DeadLetters
+from tasks.deadletters.store import DeadLetters
 from tasks.examples.cm_data import mark_processed
 from tasks.examples.seed import seed_cm_data
-from tasks.keys import range_orphans_key, range_outage_key
-from tasks.models import CM_DATA, RANGE_RUNS, SCHEDULES, RunState
-from tasks.models import PartitionStatus as S
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.gate import Gate
 from tasks.ranges.jobs import RangeJob, register
+from tasks.ranges.keys import range_orphans_key, range_outage_key
 from tasks.ranges.reconciler import active_jobs, repair_inactive
 from tasks.ranges.runner import Outcome
 from tasks.ranges.workrow import WorkRow
-from tasks.resources import make_engine
+from tasks.store.models import CM_DATA, RANGE_RUNS, SCHEDULES, RunState
+from tasks.store.models import PartitionStatus as S
+from tasks.store.resources import make_engine
 from tests.ranges.test_closing import round_now, start
 from tests.ranges.test_runner import counts, plan, runner, small, work
 from tests.support.workers import ROOT, platform_env

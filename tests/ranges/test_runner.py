@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease import Leases
 from tasks.examples.cm_data import cm_data, mark_processed
 from tasks.examples.seed import seed_cm_data
-from tasks.models import CmData, WorkItem
-from tasks.models import PartitionStatus as S
 from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import FencedOut, Outcome, PartitionRunner, UnknownPartition
+from tasks.store.models import CmData, WorkItem
+from tasks.store.models import PartitionStatus as S
 
 DATA = CmData.__table__
 WORK = WorkItem.__table__

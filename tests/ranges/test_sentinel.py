@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from tasks.examples.seed import seed_cm_data
-from tasks.models import CmData
+from tasks.store.models import CmData
 from tests.ranges.cluster import Platform
 from tests.support.redis_sentinel import MASTER_NAME, sentinel_group
 from tests.support.workers import wait_until

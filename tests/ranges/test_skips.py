@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease import Leases
 from tasks.examples.cm_data import cm_data, mark_processed
 from tasks.examples.seed import seed_cm_data
-from tasks.models import CM_DATA, DEAD_LETTERS, WORK
-from tasks.models import PartitionStatus as S
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import Outcome, PartitionRunner
 from tasks.ranges.skips import SKIP_KIND
+from tasks.store.models import CM_DATA, DEAD_LETTERS, WORK
+from tasks.store.models import PartitionStatus as S
 from tests.ranges.inprocess import run_all
 
 

@@ -19,12 +19,12 @@ from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
 from tasks.examples.seed import seed_cm_data
-from tasks.keys import range_control_key
-from tasks.models import CM_DATA, CmData
-from tasks.models import PartitionStatus as S
 from tasks.ranges.controls import Controls
 from tasks.ranges.gate import BACKOFF_CAP, Gate
 from tasks.ranges.jobs import RangeJob
+from tasks.ranges.keys import range_control_key
+from tasks.store.models import CM_DATA, CmData
+from tasks.store.models import PartitionStatus as S
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import (
     control_platform,

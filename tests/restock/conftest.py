@@ -13,14 +13,14 @@ import redis
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.models import ORDER_ITEMS, SKUS, ItemState
+from tasks.config.settings import Settings
 from tasks.restock.drain import Drainer
 from tasks.restock.keys import deducted_key, stock_key
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode, close_shards, connect_shards
 from tasks.restock.routing import Router
 from tasks.restock.shop import Shop
-from tasks.settings import Settings
+from tasks.store.models import ORDER_ITEMS, SKUS, ItemState
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
 

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 import redis
 from sqlalchemy.orm import sessionmaker
 
-from tasks.resources import make_engine
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import RedoEntry
+from tasks.store.resources import make_engine
 
 
 def main(argv: list[str]) -> int:

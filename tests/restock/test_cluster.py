@@ -13,9 +13,9 @@ from redis.crc import key_slot
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import sessionmaker
 
-from tasks.deadletter import DeadLetters
-from tasks.models import ORDER_ITEMS, ItemState
+from tasks.deadletters.store import DeadLetters
 from tasks.restock.keys import attempts_key, delay_key, shard_tag
+from tasks.store.models import ORDER_ITEMS, ItemState
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.redis_cluster import Cluster, redis_cluster
 

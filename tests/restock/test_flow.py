@@ -10,9 +10,7 @@ import redis
 from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
-from tasks.deadletter import DeadLetters
-from tasks.models import ItemState
-from tasks.resources import make_engine
+from tasks.deadletters.store import DeadLetters
 from tasks.restock.drain import DEAD_LETTER_KIND, MAX_ATTEMPTS, Drainer, DrainOutcome
 from tasks.restock.keys import (
     delay_key,
@@ -33,6 +31,8 @@ from tasks.restock.shop import (
     StockUnavailable,
     UnknownOrder,
 )
+from tasks.store.models import ItemState
+from tasks.store.resources import make_engine
 from tests.restock.conftest import DELAY_MS, World
 
 # sku-a and sku-b live on node 0, sku-d on node 1 (crc32 routing); m-1 uses q0, m-4 uses q1.

@@ -13,8 +13,7 @@ from contextlib import contextmanager
 import pytest
 import redis
 
-from tasks.deadletter import DeadLetters
-from tasks.models import ItemState
+from tasks.deadletters.store import DeadLetters
 from tasks.restock.drain import DEAD_LETTER_KIND, Drainer
 from tasks.restock.keys import (
     attempts_key,
@@ -28,6 +27,7 @@ from tasks.restock.keys import (
 from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND, Rebuilder, RebuildOutcome
 from tasks.restock.nodes import StockNode
 from tasks.restock.shop import Shop, StockUnavailable
+from tasks.store.models import ItemState
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.workers import ROOT, platform_env
 

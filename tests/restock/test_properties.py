@@ -25,16 +25,7 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
-from tasks.deadletter import DeadLetters
-from tasks.models import (
-    DEAD_LETTERS,
-    ORDER_ITEMS,
-    ORDERS,
-    PAYMENTS,
-    RESTOCK_NODES,
-    SKUS,
-    ItemState,
-)
+from tasks.deadletters.store import DeadLetters
 from tasks.restock.keys import (
     delay_key,
     maintenance_lease_name,
@@ -43,6 +34,15 @@ from tasks.restock.keys import (
     shard_tag,
 )
 from tasks.restock.shop import OrderError, OrderExpired, OrderPending, StockUnavailable
+from tasks.store.models import (
+    DEAD_LETTERS,
+    ORDER_ITEMS,
+    ORDERS,
+    PAYMENTS,
+    RESTOCK_NODES,
+    SKUS,
+    ItemState,
+)
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.db import fresh_database
 from tests.support.redis_cluster import Cluster, redis_cluster

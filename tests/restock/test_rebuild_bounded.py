@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from tasks.models import ItemState
 from tasks.restock.maintenance import Rebuilder, RebuildOutcome
+from tasks.store.models import ItemState
 from tests.restock.conftest import World
 
 SQLITE = pytest.mark.parametrize("db_kind", ["sqlite"])

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import redis
 
-from tasks.models import ItemState
 from tasks.restock.maintenance import RebuildOutcome
 from tasks.restock.scripts import Deduction, StockScripts
 from tasks.restock.shop import OrderError, OrderPending, Shop, StockUnavailable
+from tasks.store.models import ItemState
 from tests.restock.conftest import World
 
 EVERY_DATABASE = pytest.mark.parametrize("db_kind", ["sqlite", "postgresql", "mariadb"])

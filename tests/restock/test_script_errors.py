@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 import pytest
 import redis
 
-from tasks.deadletter import DeadLetters
-from tasks.models import ItemState
+from tasks.deadletters.store import DeadLetters
 from tasks.restock.drain import DEAD_LETTER_KIND, MAX_ATTEMPTS, Drainer
 from tasks.restock.keys import attempts_key, delay_key, drain_lock_key, offsets_key, stock_key
 from tasks.restock.redolog import RedoEntry, parse_entry
 from tasks.restock.replies import FAILED, SUCCESS, Action
 from tasks.restock.scripts import StockScripts
+from tasks.store.models import ItemState
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.redis_server import RedisServer
 

@@ -10,11 +10,11 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from tasks.config.settings import SettingsError, load_settings
 from tasks.restock.keys import deduct_keys, rebuild_keys, restock_keys, shard_tag, sync_keys
 from tasks.restock.nodes import close_shards, connect_shards, master_of
 from tasks.restock.routing import Router, shard_of
-from tasks.schedule import beat_schedule
-from tasks.settings import SettingsError, load_settings
+from tasks.worker.schedule import beat_schedule
 
 # Pinned: a SKU's shard must never change for a given shard count (its stock, entries and
 # database rows all say where it lives).

@@ -16,8 +16,8 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine
 
-from tasks.models import ItemState
 from tasks.restock.drain import DrainOutcome
+from tasks.store.models import ItemState
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (

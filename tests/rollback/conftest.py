@@ -13,8 +13,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
-from tasks.retry import RetryPolicy
 from tasks.rollback import Journal, set_journal
+from tasks.worker.retry import RetryPolicy
 from tests.rollback.platform import Platform
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer

@@ -9,7 +9,7 @@ import pytest
 
 from tasks.examples.saga import MAX_ORDER_ID, place_order
 from tasks.rollback import rollback_task
-from tasks.validate import InvalidArguments
+from tasks.store.validate import InvalidArguments
 from tests.support.sagas import sleepy_saga
 
 HUGE = "o" * 1_000_000

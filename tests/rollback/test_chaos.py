@@ -21,7 +21,7 @@ import pytest
 from celery import group
 from sqlalchemy import func, select
 
-from tasks.deadletter import DeadLetters
+from tasks.deadletters.store import DeadLetters
 from tasks.rollback import JOURNAL, OWNERS
 from tests.rollback.platform import Platform, outcome, pool_children, undone_once
 from tests.support.sagas import undo_calls_key

@@ -16,10 +16,8 @@ import redis
 from sqlalchemy import select
 
 from lease.keys import lease_key
-from tasks.app import app
-from tasks.base import PlatformTask
-from tasks.deadletter import DeadLetters
-from tasks.keys import journal_lease_name
+from tasks.celery import app
+from tasks.deadletters.store import DeadLetters
 from tasks.rollback import (
     JOURNAL,
     Journal,
@@ -35,6 +33,8 @@ from tasks.rollback import (
     rollback_step_succeeded,
     set_journal,
 )
+from tasks.rollback.keys import journal_lease_name
+from tasks.worker.base import PlatformTask
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -30,8 +30,7 @@ from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
 from lease.keys import lease_key
-from tasks.deadletter import DeadLetters
-from tasks.keys import journal_lease_name
+from tasks.deadletters.store import DeadLetters
 from tasks.rollback import (
     JOURNAL,
     OWNERS,
@@ -42,6 +41,7 @@ from tasks.rollback import (
     rollback,
     rollback_started,
 )
+from tasks.rollback.keys import journal_lease_name
 from tasks.rollback.sweeper import Candidate, Sweeper
 from tests.rollback.conftest import FAST, process_journal
 from tests.rollback.platform import Platform, pool_children

@@ -21,9 +21,7 @@ import redis
 from sqlalchemy import Engine, update
 
 from lease.keys import lease_key
-from tasks.db import utcnow
-from tasks.deadletter import DeadLetters
-from tasks.keys import journal_lease_name
+from tasks.deadletters.store import DeadLetters
 from tasks.rollback import (
     JOURNAL,
     Journal,
@@ -31,8 +29,10 @@ from tasks.rollback import (
     compensation,
     rollback,
 )
+from tasks.rollback.keys import journal_lease_name
 from tasks.rollback.runner import STUCK_AFTER
 from tasks.rollback.sweeper import Sweeper, TakeBack
+from tasks.store.db import utcnow
 from tests.rollback.conftest import FAST, process_journal
 from tests.rollback.test_takeover import owner_state, rows
 

@@ -20,9 +20,7 @@ from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
 from lease.keys import fence_key, lease_key
-from tasks.app import app
-from tasks.base import PlatformTask
-from tasks.keys import journal_lease_name
+from tasks.celery import app
 from tasks.rollback import (
     JOURNAL,
     OWNERS,
@@ -35,7 +33,9 @@ from tasks.rollback import (
     step,
     sweep,
 )
+from tasks.rollback.keys import journal_lease_name
 from tasks.rollback.sweeper import Sweeper
+from tasks.worker.base import PlatformTask
 from tests.rollback.conftest import FAST
 
 pytestmark = pytest.mark.timeout(60)

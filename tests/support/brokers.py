@@ -18,8 +18,8 @@ from contextlib import contextmanager
 
 from celery import Celery
 
-from tasks.app import amqp_options, configure, is_amqp
-from tasks.settings import load_settings
+from tasks.celery import amqp_options, configure, is_amqp
+from tasks.config.settings import load_settings
 
 __all__ = ["AMQP_HOST", "platform_client", "rabbitmq_missing", "rabbit_vhost"]
 

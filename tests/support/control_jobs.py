@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import Row
 
 from tasks.examples.cm_data import mark_processed
-from tasks.models import CM_DATA, CmData
 from tasks.ranges.jobs import Context, RangeJob, register
+from tasks.store.models import CM_DATA, CmData
 
 __all__ = ["cm_throttled", "cm_gated", "cm_flaky", "gate_closed", "BOOM"]
 

@@ -9,8 +9,8 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from devtools.demo import reset_database
-from tasks.migrate import upgrade
-from tasks.resources import make_engine
+from tasks.store.migrate import upgrade
+from tasks.store.resources import make_engine
 
 DATABASES = {
     "postgresql": os.environ.get("TEST_POSTGRES_URL",

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Row
 
 from tasks.examples.cm_data import mark_processed
-from tasks.models import CM_DATA, CmData
 from tasks.ranges.jobs import Context, RangeJob, register
+from tasks.store.models import CM_DATA, CmData
 
 __all__ = ["poison_pill", "POISON"]
 

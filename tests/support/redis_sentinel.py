@@ -46,22 +46,34 @@ class SentinelGroup:
     def start(self) -> SentinelGroup:
         self.master.start()
         self.replica.start()
-        for i, port in enumerate(self.sentinel_ports):
-            conf = self.dir / f"sentinel-{i}.conf"
-            conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
-                f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} 2\n"
-                f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
-                # A split vote is retried after twice this: short, so a loaded machine still
-                # elects within a lease TTL.
-                f"sentinel failover-timeout {MASTER_NAME} 2000\n"
-                f"sentinel parallel-syncs {MASTER_NAME} 1\n")
-            self.sentinels.append(subprocess.Popen(
-                [redis_binary(), str(conf), "--sentinel"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        self._wait(lambda: self._replica_synced() and self._sentinels_see_master(),
-                   "the replica synced and every sentinel watching")
+        for i in range(len(self.sentinel_ports)):
+            self.sentinels.append(self._launch(i))
+        self._wait(lambda: self._relaunch_exited() and self._replica_synced()
+                   and self._sentinels_see_master(),
+                   "the replica synced and every sentinel watching", 60.0)
         return self
+
+    def _launch(self, i: int) -> subprocess.Popen[bytes]:
+        conf = self.dir / f"sentinel-{i}.conf"  # a sentinel rewrites its file: write it anew
+        conf.write_text(
+            f"port {self.sentinel_ports[i]}\nbind 127.0.0.1\ndir {self.dir}\n"
+            f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} 2\n"
+            f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
+            # A split vote is retried after twice this: short, so a loaded machine still
+            # elects within a lease TTL.
+            f"sentinel failover-timeout {MASTER_NAME} 2000\n"
+            f"sentinel parallel-syncs {MASTER_NAME} 1\n")
+        return subprocess.Popen([redis_binary(), str(conf), "--sentinel"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _relaunch_exited(self) -> bool:
+        """A sentinel whose free port another test took in the meantime exits at once: start
+        it again on another port (a failed run's cause under parallel tests)."""
+        for i, proc in enumerate(self.sentinels):
+            if proc.poll() is not None:
+                self.sentinel_ports[i] = free_port()
+                self.sentinels[i] = self._launch(i)
+        return True
 
     def sentinel(self) -> Sentinel:
         return Sentinel(self.nodes, socket_timeout=1.0)

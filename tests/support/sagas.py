@@ -15,8 +15,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from tasks.app import app, settings
-from tasks.base import PlatformTask
+from tasks.celery import app, settings
 from tasks.examples.saga import (
     SAGA_PREFIX,
     STEPS,
@@ -26,10 +25,11 @@ from tasks.examples.saga import (
     release_stock,
     run_steps,
 )
-from tasks.resources import resources_for
-from tasks.retry import RetryPolicy
 from tasks.rollback import compensation, step
-from tasks.validate import InvalidArguments, text_arg
+from tasks.store.resources import resources_for
+from tasks.store.validate import InvalidArguments, text_arg
+from tasks.worker.base import PlatformTask
+from tasks.worker.retry import RetryPolicy
 
 __all__ = ["GATE_PREFIX", "UNDO_CALLS_PREFIX", "GateClosed", "gate_key", "gated_release_stock",
            "gated_saga", "handover_saga", "hung_undo_saga", "retrying_saga", "sleepy_saga",

@@ -7,14 +7,14 @@ from typing import Any
 
 from celery.signals import worker_process_init
 
-from tasks.app import app
+from tasks.celery import app
 
 _memory: list[Any] = []
 
 
 @worker_process_init.connect
 def _add_memory_exporter(**_: Any) -> None:
-    # Connected after tasks.lifecycle's handler (this module is imported later), so the
+    # Connected after tasks.worker.lifecycle's handler (this module is imported later), so the
     # platform's provider is set when this runs.
     from opentelemetry import trace
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -26,7 +26,7 @@
   the exception, a received message's arguments) keeps its head and a note of what was cut;
   so does every line of its traceback.
 
-Every message quotes at most a short prefix of the value (`tasks.validate.quote`), so a 1 MB
+Every message quotes at most a short prefix of the value (`tasks.store.validate.quote`), so a 1 MB
 argument never becomes a 1 MB error, result, dead letter or log line.
 """
 
@@ -45,16 +45,16 @@ from celery.app.amqp import AMQP
 from celery.worker.strategy import default as default_strategy
 from kombu.utils.json import dumps
 
-from tasks.deadletter import DeadLetters
-from tasks.resources import resources_for
-from tasks.settings import load_settings
-from tasks.validate import InvalidArguments, quote
+from tasks.config.settings import load_settings
+from tasks.deadletters.store import DeadLetters
+from tasks.store.resources import resources_for
+from tasks.store.validate import InvalidArguments, quote
 
 __all__ = ["MessageTooLarge", "InflatesTooLarge", "UnboundedCompression", "LimitedAMQP",
            "strategy", "OVERSIZED_KIND", "check_size", "inflate_bounded", "bounded_backend",
            "RESULT_TEXT_LIMIT", "BoundedLines", "LOG_LINE_LIMIT", "bound_log_handlers"]
 
-log = logging.getLogger("tasks.limits")
+log = logging.getLogger("tasks.worker.limits")
 
 # A string in a stored result (an argument, an exception argument) longer than this is cut.
 RESULT_TEXT_LIMIT = 1024

@@ -14,14 +14,14 @@ from celery.app import backends
 from celery.app.task import Task as CeleryTask
 from kombu import Exchange, Queue
 
-from tasks import brokerfix, flowerguard, heartbeat, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
-from tasks.limits import bound_log_handlers, bounded_backend
-from tasks.logs import use_json
-from tasks.redisconn import is_sentinel
-from tasks.retry import check_policy
-from tasks.routing import routing_config
-from tasks.schedule import beat_schedule
-from tasks.settings import Settings, SettingsError, load_settings, redact
+from tasks.config.redisconn import is_sentinel
+from tasks.config.settings import Settings, SettingsError, load_settings, redact
+from tasks.observe.logs import use_json
+from tasks.worker import brokerfix, flowerguard, heartbeat, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
+from tasks.worker.limits import bound_log_handlers, bounded_backend
+from tasks.worker.queues import routing_config
+from tasks.worker.retry import check_policy
+from tasks.worker.schedule import beat_schedule
 
 __all__ = ["app", "configure", "settings", "check_time_limits", "TASK_MODULES"]
 
@@ -30,7 +30,7 @@ log = logging.getLogger("tasks")
 # Named, never imported here: the app is the root every wing imports, so it knows the wings
 # only by these strings (Celery imports them when the app is finalized).
 TASK_MODULES = [
-    "tasks.health", "tasks.ranges.tasks", "tasks.rollback", "tasks.restock.tasks",
+    "tasks.worker.health", "tasks.ranges.tasks", "tasks.rollback", "tasks.restock.tasks",
     "tasks.examples.cm_data", "tasks.examples.saga",
 ]
 
@@ -51,11 +51,12 @@ def configure(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         # The visibility timeout must be set in all three places to take effect everywhere.
-        "broker_transport_options": {**visibility, **sentinel_options(settings.broker_url,
-                                                                      settings)},
+        "broker_transport_options": {**visibility, **redis_link_options(settings.broker_url),
+                                     **sentinel_options(settings.broker_url, settings)},
         "result_backend_transport_options": {
             **visibility, **sentinel_options(settings.result_backend, settings)},
         "visibility_timeout": settings.visibility_timeout,
+        **backend_link_options(settings.result_backend),
         "task_soft_time_limit": settings.soft_time_limit,
         "task_time_limit": settings.time_limit,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
@@ -69,10 +70,10 @@ def configure(settings: Settings) -> dict[str, Any]:
         "beat_schedule": beat_schedule(settings.reconcile_interval, settings.restock_interval),
         "timezone": "UTC",
         "enable_utc": True,
-        # Read by tasks.limits on publish and on receipt.
+        # Read by tasks.worker.limits on publish and on receipt.
         "max_message_bytes": settings.max_message_bytes,
         "worker_soft_shutdown_timeout": soft_shutdown_timeout(settings),
-        # Partitions, restock work and controls on queues of their own (tasks/routing.py);
+        # Partitions, restock work and controls on queues of their own (tasks/worker/queues.py);
         # every queue is declared, so a worker without -Q consumes them all.
         **routing_config(settings),
     }
@@ -88,6 +89,31 @@ HANDOVER_SECONDS = 5.0
 def soft_shutdown_timeout(settings: Settings) -> float:
     """`worker_soft_shutdown_timeout`: one batch (at most LEASE_TTL) plus the handover."""
     return settings.lease_ttl + HANDOVER_SECONDS
+
+
+# A Redis link can die without a reset (a NAT or load balancer forgets it, the host vanishes).
+# Without a socket timeout a synchronous call on it (a worker's late ack, a result write)
+# waits for ever, and the worker's main process never consumes again; kombu's check of a
+# BRPOP overdue by brpop_timeout + health_check_interval needs the event loop to run at all.
+LINK_TIMEOUT_S = 5  # longer than any command the platform sends; BRPOP waits 1 s
+LINK_CHECK_S = 5  # kombu's check of idle pub/sub and BRPOP connections, and redis-py's PING
+
+
+def redis_link_options(url: str) -> dict[str, Any]:
+    """Transport options that end a dead Redis broker link in bounded time (not for AMQP)."""
+    if is_amqp(url):
+        return {}
+    return {"socket_timeout": LINK_TIMEOUT_S, "socket_connect_timeout": LINK_TIMEOUT_S,
+            "socket_keepalive": True, "health_check_interval": LINK_CHECK_S}
+
+
+def backend_link_options(url: str) -> dict[str, Any]:
+    """The same bounds for a Redis result backend (Celery's redis_* settings)."""
+    if url.split("://", 1)[0] not in ("redis", "rediss", "sentinel"):
+        return {}
+    return {"redis_socket_timeout": LINK_TIMEOUT_S,
+            "redis_socket_connect_timeout": LINK_TIMEOUT_S, "redis_socket_keepalive": True,
+            "redis_backend_health_check_interval": LINK_CHECK_S}
 
 
 def sentinel_options(url: str, settings: Settings) -> dict[str, Any]:
@@ -154,18 +180,18 @@ def check_time_limits(celery_app: Celery) -> None:
             check_policy(policy, visibility, name)
 
 
-# Workers must survive a broker restart: see tasks/brokerfix.py (kombu#970 family).
+# Workers must survive a broker restart: see tasks/worker/brokerfix.py (kombu#970 family).
 brokerfix.install()
 # Flower refuses to start without auth and binds loopback, from any directory.
 flowerguard.install()
 settings = load_settings()
 # MAX_MESSAGE_BYTES: checked on publish (the amqp class) and on receipt (every task's Strategy,
 # also PlatformTask's and plain celery.Task's).
-CeleryTask.Strategy = "tasks.limits:strategy"
+CeleryTask.Strategy = "tasks.worker.limits:strategy"
 
 
 class PlatformCelery(Celery):  # type: ignore[misc]
-    """Celery whose result backend stores no long strings (`tasks.limits.bounded_backend`),
+    """Celery whose result backend stores no long strings (`tasks.worker.limits.bounded_backend`),
     carrying the platform's settings for code the app imports (which cannot import it back)."""
 
     platform_settings: Settings | None = None
@@ -178,7 +204,7 @@ class PlatformCelery(Celery):  # type: ignore[misc]
         return bounded_backend(backend_cls)(app=self, url=url)
 
 
-app = PlatformCelery("tasks", amqp="tasks.limits:LimitedAMQP",
+app = PlatformCelery("tasks", amqp="tasks.worker.limits:LimitedAMQP",
              include=TASK_MODULES + list(settings.extra_task_modules))
 app.conf.update(configure(settings))
 if is_amqp(settings.broker_url):

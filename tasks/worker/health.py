@@ -11,9 +11,9 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from tasks.app import app, settings
-from tasks.deadletter import DeadLetters
-from tasks.resources import resources_for
+from tasks.celery import app, settings
+from tasks.deadletters.store import DeadLetters
+from tasks.store.resources import resources_for
 
 __all__ = ["ping", "prune_dead_letters"]
 

@@ -23,7 +23,7 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from tasks import metrics, tracing
+from tasks.observe import metrics, tracing
 
 __all__ = ["shutdown_requested"]
 
@@ -51,7 +51,7 @@ def _metrics_for_beat(sender: Any = None, **_: Any) -> None:
 def _setup_metrics(sender: Any, role: str) -> None:
     app: Any = getattr(sender, "app", None)
     settings = getattr(app, "platform_settings", None)
-    if settings is not None:  # a PlatformCelery app (tasks.app)
+    if settings is not None:  # a PlatformCelery app (tasks.celery)
         names = [name for name in app.tasks if not name.startswith("celery.")]
         metrics.setup(settings, role, names)
         if role == "beat":

@@ -6,7 +6,7 @@
 
 What it adds to a plain Celery task, and what each costs on the hot path:
 
-- **Retry policies** (`tasks.retry`): an exception the policy retries is retried with the
+- **Retry policies** (`tasks.worker.retry`): an exception the policy retries is retried with the
   policy's jittered countdown; everything else fails at once. No I/O unless it retries.
 - **Redelivery cap**: with `task_reject_on_worker_lost`, a message that kills its worker is
   redelivered forever. A redelivered message increments `deliveries:{task_id}` in Redis; past
@@ -37,9 +37,9 @@ from celery import Task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from celery.utils.quorum_queues import detect_quorum_queues
 
-from tasks.keys import deliveries_key
-from tasks.metrics import record
-from tasks.retry import RetryPolicy, decide
+from tasks.observe.metrics import record
+from tasks.worker.keys import deliveries_key
+from tasks.worker.retry import RetryPolicy, decide
 
 __all__ = ["PlatformTask", "DEAD_LETTERED", "TaskHooks", "deliveries_key", "install_hooks"]
 
@@ -48,7 +48,7 @@ log = logging.getLogger("tasks")
 # Custom state of a task whose message was dead-lettered instead of run.
 DEAD_LETTERED = "DEAD_LETTERED"
 
-# deliveries:{TASK_ID} (tasks.keys) -> how many times a redelivered message was delivered
+# deliveries:{TASK_ID} (tasks.worker.keys) -> how many times a redelivered message was delivered
 # after the first. TTL: twice the visibility timeout (a message cannot be redelivered later
 # than that). Owner: PlatformTask.__call__.
 
@@ -134,9 +134,9 @@ class PlatformTask(Task):  # type: ignore[misc]
         return float(max(1, math.ceil(countdown)))
 
     def _count_delivery(self, task_id: str, args: Any, kwargs: Any) -> None:
-        from tasks.app import settings
-        from tasks.deadletter import DeadLetters
-        from tasks.resources import resources_for
+        from tasks.celery import settings
+        from tasks.deadletters.store import DeadLetters
+        from tasks.store.resources import resources_for
 
         res = resources_for(settings)
         key = deliveries_key(task_id)

@@ -8,7 +8,7 @@
     rollback_journal, rollback_owners    the rollback journal (defined in tasks.rollback.tables)
 
 The same models run on SQLite, PostgreSQL and MariaDB; Alembic migrations in
-`tasks/migrations` create them (`python -m tasks migrate`).
+`tasks/store/migrations` create them (`python -m tasks migrate`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from tasks.db import utcnow
+from tasks.store.db import utcnow
 
 __all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus",
            "WORK", "SCHEDULES", "CM_DATA", "DeadLetter",
@@ -203,7 +203,8 @@ class DeadLetter(Base):
     reason: Mapped[str] = mapped_column(Text)
     payload: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
-    # Set once, by `tasks.deadletter.DeadLetters.replay` (a compare-and-set on NULL): when the
+    # Set once, by `tasks.deadletters.store.DeadLetters.replay` (a compare-and-set on NULL):
+    # when the
     # letter's task was sent again and under which new task id (migration 0010).
     replayed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     replay_task_id: Mapped[str | None] = mapped_column(String(255), nullable=True)

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.deadletter import DeadLetters, Summary
+from tasks.deadletters.store import DeadLetters, Summary
 
 __all__ = ["render_letters", "quote_text", "RECENT_LETTERS", "LettersView", "letters_view",
            "letters_renderable", "letters_json", "console_for", "PIPED_WIDTH"]

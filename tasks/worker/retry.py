@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 
-from tasks.settings import SettingsError
+from tasks.config.settings import SettingsError
 
 __all__ = [
     "EXPONENTIAL",

@@ -1,8 +1,9 @@
-"""Alembic environment: migrations run on the connection `tasks.migrate.upgrade` hands over."""
+"""Alembic environment: migrations run on the connection `tasks.store.migrate.upgrade` hands
+over."""
 
 from alembic import context
 
-from tasks.models import Base
+from tasks.store.models import Base
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)

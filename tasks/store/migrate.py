@@ -12,7 +12,7 @@ __all__ = ["upgrade"]
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the database behind `engine` to `revision`."""
     config = Config()
-    config.set_main_option("script_location", "tasks:migrations")
+    config.set_main_option("script_location", "tasks.store:migrations")
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)

@@ -5,7 +5,7 @@ is forked (Celery's `worker_process_init`, where the platform's connections are 
 too), and beat and a solo worker at start. Spans go to the exporter TRACING_EXPORTER names:
 `otlp` (the OTLP/HTTP exporter; its endpoint and headers come from the standard
 OTEL_EXPORTER_OTLP_* variables) or `console`. What the work is about (job, partition, fence,
-node: `tasks.logs.bind`) is set as attributes on the current span and on every span started
+node: `tasks.observe.logs.bind`) is set as attributes on the current span and on every span started
 inside it, so a batch's SQL and Redis spans carry their partition and fence.
 """
 
@@ -15,10 +15,10 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tasks import logs
+from tasks.observe import logs
 
 if TYPE_CHECKING:
-    from tasks.settings import Settings
+    from tasks.config.settings import Settings
 
 __all__ = ["setup", "annotate"]
 
@@ -77,7 +77,7 @@ def _exporter(kind: str) -> Any:
 
 
 def _bound_fields() -> Any:
-    """A span processor: every span started inside `tasks.logs.bind` carries its fields."""
+    """A span processor: every span started inside `tasks.observe.logs.bind` carries its fields."""
     from opentelemetry.sdk.trace import SpanProcessor
 
     class BoundFields(SpanProcessor):

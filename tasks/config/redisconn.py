@@ -9,7 +9,7 @@
 A Sentinel URL list is Celery's own broker syntax (``sentinel://`` entries separated by ``;``):
 the password and database of the first entry are the master's (as kombu reads them), and the
 client it gives asks the sentinels for the master again after a failover. Errors raised here
-are `ValueError`s that never quote a URL (a URL may hold a password); `tasks.settings` adds
+are `ValueError`s that never quote a URL (a URL may hold a password); `tasks.config.settings` adds
 the variable's name and a redacted copy.
 """
 

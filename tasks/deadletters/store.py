@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.db import affected, utcnow
-from tasks.models import DEAD_LETTERS
-from tasks.settings import redact
+from tasks.config.settings import redact
+from tasks.store.db import affected, utcnow
+from tasks.store.models import DEAD_LETTERS
 
 __all__ = ["DeadLetters", "Letter", "Summary", "PRUNE_BATCH", "DeadLetterError",
            "LetterNotFound", "NotReplayable", "AlreadyReplayed", "Replay", "replay_refusal",
@@ -38,7 +38,7 @@ _SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|api_?key", re.I)
 # store never imports the app (which imports the task base, which writes letters).
 Send = Callable[[str, list[Any], dict[str, Any], str], Any]
 
-log = logging.getLogger("tasks.deadletter")
+log = logging.getLogger("tasks.deadletters.store")
 
 
 class DeadLetterError(Exception):

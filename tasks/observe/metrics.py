@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tasks.settings import Settings
+    from tasks.config.settings import Settings
 
 __all__ = ["setup", "shutdown", "child_exited", "record", "Metrics", "STATE_SOURCES",
            "metrics_dir_root", "lost_reason"]

@@ -36,7 +36,7 @@ SHIPPED_REFUSAL = ("FLOWER_BASIC_AUTH has a password shipped with rangekeeper's 
 def check_basic_auth(credentials: list[str] | None) -> None:
     """SystemExit (REFUSAL) unless every entry is `user:password`; SystemExit
     (SHIPPED_REFUSAL) when a password is a shipped or placeholder value."""
-    from tasks.envparse import shipped
+    from tasks.config.envparse import shipped
 
     found = [c for c in (credentials or []) if c and ":" in c]
     if not found or len(found) != len(credentials or []):

@@ -19,8 +19,8 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
-from tasks.redisconn import redis_client
-from tasks.settings import Settings
+from tasks.config.redisconn import redis_client
+from tasks.config.settings import Settings
 
 __all__ = ["Resources", "resources_for"]
 

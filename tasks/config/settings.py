@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from tasks import envparse, redisconn
-from tasks.envparse import SettingsError, redact
+from tasks.config import envparse, redisconn
+from tasks.config.envparse import SettingsError, redact
 
 __all__ = ["Settings", "SettingsError", "load_settings", "redact"]
 
@@ -80,15 +80,16 @@ class Settings:
     dead_letter_retention: float = 30 * 86400.0
     # A task message whose body is larger is refused when sent and when received.
     max_message_bytes: int = 256 * 1024
-    # Prometheus metrics of workers and beat (tasks/metrics.py): off when METRICS_PORT is unset.
+    # Prometheus metrics of workers and beat (tasks/observe/metrics.py): off when METRICS_PORT
+    # is unset.
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
     # Worker and beat log lines: Celery's text format, or one JSON object per line.
     log_format: str = "text"
-    # OpenTelemetry tracing (the `otel` extra, tasks/tracing.py) and where spans go.
+    # OpenTelemetry tracing (the `otel` extra, tasks/observe/tracing.py) and where spans go.
     tracing: bool = False
     tracing_exporter: str = "otlp"
-    # Liveness (tasks/heartbeat.py): a file the worker's main process touches every interval
+    # Liveness (tasks/worker/heartbeat.py): a file the worker's main process touches every interval
     # (unset: none). Probes read its age, so they never queue behind work.
     worker_heartbeat_file: str | None = None
     worker_heartbeat_interval: float = 5.0
@@ -96,11 +97,11 @@ class Settings:
     # a backstop above REDELIVERY_CAP, which dead-letters into the database first.
     amqp_delivery_limit: int = 20
     # REDIS_URL on a Redis Cluster: its seed nodes (host:port,...); REDIS_URL then gives only
-    # the password and must name db 0 (tasks/redisconn.py).
+    # the password and must name db 0 (tasks/config/redisconn.py).
     redis_cluster_nodes: tuple[str, ...] = ()
     # The master every sentinel:// URL (REDIS_URL, BROKER_URL, RESULT_BACKEND) names.
     sentinel_master: str | None = None
-    # Celery queues (tasks/routing.py): partitions, restock work, controls (reconcile, health,
+    # Celery queues (tasks/worker/queues.py): partitions, restock work, controls (reconcile, health,
     # rollback), and everything else.
     ranges_queue: str = "ranges"
     restock_queue: str = "restock"

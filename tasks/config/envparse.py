@@ -1,4 +1,4 @@
-"""Parsers of environment values for `tasks.settings`: each takes the variable's name and its
+"""Parsers of environment values for `tasks.config.settings`: each takes the variable's name and its
 raw value and returns the parsed value, or raises `SettingsError` naming the variable (with any
 credential in the value redacted).
 """
@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from tasks import redisconn
+from tasks.config import redisconn
 
 __all__ = [
     "SettingsError", "redact", "url", "url_list", "check", "cluster_nodes", "db_zero", "flag",

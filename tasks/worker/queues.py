@@ -21,7 +21,7 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from tasks.settings import Settings
+from tasks.config.settings import Settings
 
 __all__ = ["RULES", "queue_names", "task_routes", "task_queues", "routing_config"]
 

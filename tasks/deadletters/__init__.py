@@ -1,0 +1,1 @@
+"""Dead letters: what failed for good, its store and its view."""

@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, log formats, tracing."""
