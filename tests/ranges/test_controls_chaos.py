@@ -20,7 +20,7 @@ from tests.support.workers import wait_until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.parametrize("db_kind", ["postgresql"])]
 
-BATCH_S = 0.3
+BATCH_S, BATCH_ROWS = 0.3, "25"  # a partition of 2,000 rows takes 24 s before the hold lands
 HOLD_RATE = "100"  # rows/s: the 6,000 rows take a minute, long past the control under test
 
 
@@ -35,7 +35,7 @@ def test_a_pause_during_a_takeover_holds_the_job_and_resume_finishes_exactly_onc
         engine: Engine, platform: Callable[..., Platform]) -> None:
     seed_cm_data(engine, 6000)
     cluster = control_platform(platform, CM_DATA_PARTITION_SIZE="2000",
-                               CM_DATA_BATCH_DELAY=str(BATCH_S))
+                               CM_DATA_BATCH_DELAY=str(BATCH_S), CM_DATA_BATCH_SIZE=BATCH_ROWS)
     doomed = cluster.worker("doomed")
     cluster.worker("survivor")
     cluster.beat()
@@ -69,7 +69,7 @@ def test_a_cancel_sent_while_redis_is_flushed_holds_and_a_new_start_finishes_exa
         engine: Engine, platform: Callable[..., Platform]) -> None:
     seed_cm_data(engine, 6000)
     cluster = control_platform(platform, CM_DATA_PARTITION_SIZE="2000",
-                               CM_DATA_BATCH_DELAY=str(BATCH_S))
+                               CM_DATA_BATCH_DELAY=str(BATCH_S), CM_DATA_BATCH_SIZE=BATCH_ROWS)
     cluster.worker("a")
     cluster.worker("b")
     cluster.beat()
