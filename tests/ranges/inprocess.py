@@ -26,4 +26,5 @@ def run_all(job: RangeJob, sessions: sessionmaker[Session], leases: Leases,
     parts: list[int] = []
     reconcile_job(sessions, client, job, lambda _j, p: parts.append(p), interval=1, grace=0)
     return [PartitionRunner(job, part, sessions=sessions, leases=leases, lease_ttl=10.0,
-                            owner="test", shutdown=threading.Event(), clock=clock).run() for part in parts]
+                            owner="test", shutdown=threading.Event(), clock=clock).run()
+            for part in parts]
