@@ -42,9 +42,10 @@ from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database
 from tasks.config.settings import Settings, redact
 from tasks.examples.seed import seed_cm_data
+from tasks.ranges.tables import WORK
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.migrate import upgrade
-from tasks.store.models import CM_DATA, WORK
-from tasks.store.models import PartitionStatus as S
+from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]

@@ -14,10 +14,10 @@ from sqlalchemy.orm import sessionmaker
 
 from tasks.config.settings import load_settings
 from tasks.deadletters.store import PRUNE_BATCH, DeadLetters
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.deadletters.view import render_letters
 from tasks.restock.status import _letters_per_node, restock_nodes
 from tasks.store.db import utcnow
-from tasks.store.models import DEAD_LETTERS
 from tasks.worker.schedule import beat_schedule
 
 

@@ -20,8 +20,8 @@ from tasks.celery import configure
 from tasks.config.settings import SettingsError, load_settings
 from tasks.examples.seed import seed_cm_data
 from tasks.ranges.keys import range_lease_name
-from tasks.store.models import WORK
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import WORK
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.worker.queues import routing_config
 from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer

@@ -39,9 +39,9 @@ from tasks.ranges.outcomes import FencedOut, FilterNotCleared
 from tasks.ranges.planning import Partition
 from tasks.ranges.sizing import SETTLED, Sizer
 from tasks.ranges.skips import Skips, quarantined_ids
+from tasks.ranges.tables import WORK
 from tasks.ranges.workrow import WorkRow
 from tasks.store.db import WRITE_INTENT, affected, utcnow
-from tasks.store.models import WORK
 
 __all__ = ["Batches", "Cursor", "BatchRows", "CHECK_CHUNK"]
 

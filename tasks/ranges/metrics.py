@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from tasks.config.settings import Settings
-from tasks.store.models import RANGE_RUNS, WORK, RunState
+from tasks.ranges.tables import RANGE_RUNS, WORK, RunState
 
 __all__ = ["collect", "zero"]
 

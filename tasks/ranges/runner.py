@@ -38,9 +38,9 @@ from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import OUTAGE_TTL, range_outage_key
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared, Outcome, Progress, UnknownPartition
 from tasks.ranges.planning import Partition
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import DEAD_LETTER_KIND, WorkRow
 from tasks.store.db import is_redis_away, is_transient, utcnow
-from tasks.store.models import PartitionStatus as S
 
 # The outcomes, exceptions and dead-letter kind are re-exported: a run's caller needs them.
 __all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "FencedOut",

@@ -20,7 +20,7 @@ from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode, close_shards, connect_shards
 from tasks.restock.routing import Router
 from tasks.restock.shop import Shop
-from tasks.store.models import ORDER_ITEMS, SKUS, ItemState
+from tasks.restock.tables import ORDER_ITEMS, SKUS, ItemState
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
 
