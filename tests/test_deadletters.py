@@ -12,12 +12,12 @@ from rich.console import Console
 from sqlalchemy import Engine, event, insert
 from sqlalchemy.orm import sessionmaker
 
-from tasks.config.settings import load_settings
 from tasks.deadletters.store import PRUNE_BATCH, DeadLetters
 from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.deadletters.view import render_letters
 from tasks.restock.status import _letters_per_node, restock_nodes
 from tasks.store.db import utcnow
+from tasks.wings import WINGS, load_settings
 from tasks.worker.schedule import beat_schedule
 
 
@@ -42,7 +42,7 @@ def test_prune_deletes_only_letters_past_the_retention(engine: Engine) -> None:
 
 
 def test_the_prune_is_scheduled_and_its_retention_is_a_setting() -> None:
-    entry = beat_schedule(5.0)["prune-dead-letters"]
+    entry = beat_schedule(load_settings({}), WINGS)["prune-dead-letters"]
     assert entry["task"] == "tasks.health.prune_dead_letters"
     assert load_settings({"DEAD_LETTER_RETENTION": "86400"}).dead_letter_retention == 86400
     assert load_settings({}).dead_letter_retention == 30 * 86400
