@@ -312,7 +312,7 @@ def test_every_settings_section_and_variable_has_one_owner() -> None:
 
 def test_every_metric_series_has_one_owner() -> None:
     """A series name is made once: the core's in tasks.observe.metrics, each wing's in its
-    own series class (named for its wing: range_*, restock_*)."""
+    own series class (named for its wing: range_*, restock_*, rollback_*)."""
     from tasks.observe.metrics import Metrics
     from tasks.wings import WINGS as DECLARED
 
@@ -328,7 +328,8 @@ def test_every_metric_series_has_one_owner() -> None:
         for metric in vars(found).values():
             owned.setdefault(metric._name, []).append(cls.__module__)
     assert {name: owners for name, owners in owned.items() if len(owners) > 1} == {}
-    prefixes = {"tasks.ranges": "rangekeeper_range_", "tasks.restock": "rangekeeper_restock_"}
+    prefixes = {"tasks.ranges": "rangekeeper_range_", "tasks.restock": "rangekeeper_restock_",
+                "tasks.rollback": "rangekeeper_rollback_"}
     for name, (owner,) in owned.items():
         wing = wing_of(owner)
         if wing is not None:

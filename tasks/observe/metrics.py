@@ -93,9 +93,6 @@ class Metrics:
         self.task_retries = counter("task_retries", "retries scheduled", ["task"])
         self.task_capped = counter("task_redelivery_dead_letters",
                                    "messages dead-lettered at the redelivery cap", ["task"])
-        self.rollback_steps = counter("rollback_steps", "compensations run, by result",
-                                      ["result"])
-        self.rollback_sweeps = counter("rollback_sweeps", "sweeper runs")
         self.wings: dict[type[Any], Any] = {cls: cls(make) for cls in series}
 
     def of(self, cls: type[T]) -> T:
@@ -177,8 +174,6 @@ def setup(settings: Settings, role: str, task_names: Iterable[str] = (),
 def _zero(m: Metrics, settings: Settings, task_names: Iterable[str]) -> None:
     for reason in ("refused", "expired", "other"):
         m.lease_lost.labels(reason)
-    for result in ("compensated", "failed"):
-        m.rollback_steps.labels(result)
     for name in task_names:
         m.task_retries.labels(name)
         m.task_capped.labels(name)

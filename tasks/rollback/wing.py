@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tasks.rollback.metrics import RollbackSeries
 from tasks.rollback.settings import RollbackSettings
 from tasks.wing import BeatEntry, DeadLetterKind, Route, Wing
 
@@ -19,6 +20,7 @@ WING = Wing(
     routes=(Route("tasks.rollback.*", lambda s: s.control_queue),),
     # Rolls back executions whose journal lease lapsed (hard limit, SIGKILL).
     beat=(BeatEntry("rollback-sweep", "tasks.rollback.sweep", lambda s: s.reconcile_interval),),
+    series=RollbackSeries,
     dead_letter_kinds=(DeadLetterKind(
         COMPENSATION_KIND, "a compensation is not a task: run it by hand with the payload's "
                            "data"),),
