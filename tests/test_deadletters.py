@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import timedelta
@@ -58,11 +59,13 @@ def test_the_prune_task_runs_with_the_configured_retention(
 
     _letters(engine, 4, age_days=2)
     _letters(engine, 2, age_days=0)
-    res = Resources(health.settings)
+    settings = health.app.platform_settings
+    res = Resources(settings)
     res._sessions = sessionmaker(engine)  # the test's database, not the default file
     monkeypatch.setattr(health, "resources_for", lambda _settings: res)
-    monkeypatch.setattr(health, "settings", health.settings.__class__(
-        dead_letter_retention=86400.0))
+    # The task reads the settings of its app (tasks.config.settings.settings_of).
+    monkeypatch.setattr(health.app, "platform_settings", dataclasses.replace(
+        settings, dead_letter_retention=86400.0))
     assert health.prune_dead_letters.apply().get() == 4
     assert DeadLetters(sessionmaker(engine)).counts() == {"task": 2}
 
