@@ -40,9 +40,10 @@ from devtools.demo import Fleet, reset_database
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.examples.seed import seed_cm_data
 from tasks.ranges.jobs import RangeJob
+from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.migrate import upgrade
-from tasks.store.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK
-from tasks.store.models import PartitionStatus as S
+from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]

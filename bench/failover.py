@@ -42,9 +42,10 @@ from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database
 from tasks.config.settings import Settings, redact
 from tasks.examples.seed import seed_cm_data
+from tasks.ranges.tables import WORK
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.migrate import upgrade
-from tasks.store.models import CM_DATA, WORK
-from tasks.store.models import PartitionStatus as S
+from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]
@@ -251,13 +252,13 @@ def _client(env: dict[str, str]) -> Any:
     from celery import Celery
 
     from tasks.celery import amqp_options, is_amqp
-    from tasks.config.settings import load_settings
+    from tasks.wings import WINGS, load_settings
     from tasks.worker.queues import routing_config
 
     settings = load_settings(env)
     client = Celery(broker=settings.broker_url, backend=settings.result_backend,
                     set_as_current=False)
-    client.conf.update(routing_config(settings))
+    client.conf.update(routing_config(settings, WINGS))
     if is_amqp(settings.broker_url):
         client.conf.update(amqp_options(settings, client.conf.task_queues))
     return client

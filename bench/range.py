@@ -33,8 +33,9 @@ from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database, verify
 from tasks.examples.cm_data import cpu_work
 from tasks.examples.seed import seed_cm_data
+from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.store.migrate import upgrade
-from tasks.store.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
+from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]

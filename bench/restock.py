@@ -41,9 +41,9 @@ from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import RedoEntry, parse_entry
 from tasks.restock.replies import ACTIONS, Action
 from tasks.restock.scripts import StockScripts
+from tasks.restock.tables import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.store.db import utcnow
 from tasks.store.migrate import upgrade
-from tasks.store.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]

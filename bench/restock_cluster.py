@@ -48,9 +48,9 @@ from tasks.restock.keys import delay_key, drain_lease_name, shard_tag, stock_key
 from tasks.restock.nodes import StockNode, close_shards, connect_shards
 from tasks.restock.redolog import parse_entry
 from tasks.restock.routing import Router
+from tasks.restock.tables import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.store.db import utcnow
 from tasks.store.migrate import upgrade
-from tasks.store.models import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]

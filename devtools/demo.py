@@ -39,8 +39,8 @@ from sqlalchemy import Engine, MetaData, Table, func, select, text
 
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
 from tasks.config.settings import redact
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.models import CM_DATA
-from tasks.store.models import PartitionStatus as S
 from tasks.store.resources import make_engine
 
 __all__ = ["main", "verify", "Verification"]

@@ -1,7 +1,10 @@
 """The Celery application: `celery -A tasks worker|beat|flower|call` all find it here.
 
-The configuration is the one DESIGN.md "Celery settings" asks for; `configure` is a pure
-function of `Settings` so tests can read the resulting configuration without a worker.
+The composition root: the app is built from the core and the wings `tasks.wings` lists (their
+task modules, settings sections, routing rules, beat entries, metric series and dead-letter
+kinds). The configuration is the one DESIGN.md "Celery settings" asks for; `configure` is a
+pure function of `Settings` (and the wings) so tests can read the resulting configuration
+without a worker.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from celery.app import backends
 from celery.app.task import Task as CeleryTask
 from kombu import Exchange, Queue
 
+from tasks import wings as composition
 from tasks.config.redisconn import is_sentinel
-from tasks.config.settings import Settings, SettingsError, load_settings, redact
+from tasks.config.settings import Settings, SettingsError, redact
+from tasks.deadletters import kinds
 from tasks.observe.logs import use_json
+from tasks.wing import Wing, each
 from tasks.worker import brokerfix, flowerguard, heartbeat, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
 from tasks.worker.limits import bound_log_handlers, bounded_backend
 from tasks.worker.queues import routing_config
@@ -27,16 +33,14 @@ __all__ = ["app", "configure", "settings", "check_time_limits", "TASK_MODULES"]
 
 log = logging.getLogger("tasks")
 
-# Named, never imported here: the app is the root every wing imports, so it knows the wings
-# only by these strings (Celery imports them when the app is finalized).
-TASK_MODULES = [
-    "tasks.worker.health", "tasks.ranges.tasks", "tasks.rollback", "tasks.restock.tasks",
-    "tasks.examples.cm_data", "tasks.examples.saga",
-]
+WINGS = composition.WINGS
+# Named, never imported here (Celery imports them when the app is finalized): the core's and
+# the wings' task modules (each wing's declaration), then the examples.
+TASK_MODULES = [*composition.task_modules(WINGS), "tasks.examples.cm_data", "tasks.examples.saga"]
 
 
-def configure(settings: Settings) -> dict[str, Any]:
-    """Return the Celery configuration for `settings`."""
+def configure(settings: Settings, wings: tuple[Wing, ...] = WINGS) -> dict[str, Any]:
+    """Return the Celery configuration for `settings` and `wings`."""
     visibility = {"visibility_timeout": settings.visibility_timeout}
     return {
         "broker_url": settings.broker_url,
@@ -67,7 +71,7 @@ def configure(settings: Settings) -> dict[str, Any]:
         "result_expires": 24 * 3600,
         "result_extended": True,
         "beat_scheduler": "beat.scheduler:LeaderScheduler",
-        "beat_schedule": beat_schedule(settings.reconcile_interval, settings.restock_interval),
+        "beat_schedule": beat_schedule(settings, wings),
         "timezone": "UTC",
         "enable_utc": True,
         # Read by tasks.worker.limits on publish and on receipt.
@@ -75,7 +79,7 @@ def configure(settings: Settings) -> dict[str, Any]:
         "worker_soft_shutdown_timeout": soft_shutdown_timeout(settings),
         # Partitions, restock work and controls on queues of their own (tasks/worker/queues.py);
         # every queue is declared, so a worker without -Q consumes them all.
-        **routing_config(settings),
+        **routing_config(settings, wings),
     }
 
 
@@ -184,7 +188,9 @@ def check_time_limits(celery_app: Celery) -> None:
 brokerfix.install()
 # Flower refuses to start without auth and binds loopback, from any directory.
 flowerguard.install()
-settings = load_settings()
+settings = composition.load_settings()
+# The wings' dead-letter kinds, with what to do instead of a replay (the CLI and console).
+kinds.register(each(WINGS, "dead_letter_kinds"))
 # MAX_MESSAGE_BYTES: checked on publish (the amqp class) and on receipt (every task's Strategy,
 # also PlatformTask's and plain celery.Task's).
 CeleryTask.Strategy = "tasks.worker.limits:strategy"
@@ -192,9 +198,11 @@ CeleryTask.Strategy = "tasks.worker.limits:strategy"
 
 class PlatformCelery(Celery):  # type: ignore[misc]
     """Celery whose result backend stores no long strings (`tasks.worker.limits.bounded_backend`),
-    carrying the platform's settings for code the app imports (which cannot import it back)."""
+    carrying the platform's settings and wings for the core code the app imports (which cannot
+    import it back: `tasks.config.settings.settings_of`)."""
 
     platform_settings: Settings | None = None
+    platform_wings: tuple[Wing, ...] = ()
 
     def _get_backend(self) -> Any:
         # Celery's own `_get_backend`, with the class wrapped: `backend_cls` cannot carry the
@@ -210,6 +218,7 @@ app.conf.update(configure(settings))
 if is_amqp(settings.broker_url):
     app.conf.update(amqp_options(settings, app.conf.task_queues))
 app.platform_settings = settings
+app.platform_wings = WINGS
 # Liveness without a queued task: WORKER_HEARTBEAT_FILE, touched from the worker's own timer.
 app.steps["worker"].add(heartbeat.Heartbeat)
 

@@ -12,7 +12,8 @@ import pytest
 from celery import Celery
 
 from tasks.celery import check_time_limits, configure
-from tasks.config.settings import SettingsError, load_settings
+from tasks.config.settings import SettingsError
+from tasks.wings import load_settings
 from tests import SAMPLE_MODULES
 from tests.support.workers import CELERY, ROOT, celery_call, platform_env, start_worker
 

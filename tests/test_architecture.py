@@ -8,6 +8,7 @@ a lazy import hides a cycle from Python, not from a maintainer.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +19,24 @@ ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("lease", "tasks", "beat", "devtools")
 WINGS = ("tasks.ranges", "tasks.restock", "tasks.rollback")
 EXAMPLES = "tasks.examples"
-# The operator command line and the operator console put the wings' views together; the only
-# core-level modules that may import a wing.
+# The operator command line and the operator console put the wings' views together; with the
+# composition root, the only core-level modules that may import a wing.
 TOP = ("tasks.__main__", "tasks.cli", "tasks.console")
+# The composition root: the app and the list of wings it is built from.
+ROOT_MODULES = ("tasks.celery", "tasks.wings")
+# The core's rooms: they import no wing and name none by string (the wings register what they
+# bring through their declarations, tasks/<wing>/wing.py).
+ROOMS = ("tasks.config", "tasks.store", "tasks.worker", "tasks.observe", "tasks.deadletters",
+         "tasks.wing")
+# The wings' declaration modules, and what each owns besides its keys.
+DECLARATIONS = {"tasks.ranges": "tasks.ranges.wing", "tasks.restock": "tasks.restock.wing",
+                "tasks.rollback": "tasks.rollback.wing"}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 50
 
 
 def is_top(name: str) -> bool:
-    return any(within(name, top) for top in TOP)
+    return any(within(name, top) for top in (*TOP, *ROOT_MODULES))
 
 
 def module_name(path: Path) -> str:
@@ -214,3 +226,144 @@ def test_no_prefix_constant_outside_the_key_modules() -> None:
                 if any(n.endswith("_PREFIX") for n in names):
                     bad.add((rel, *names))
     assert bad == set()
+
+
+def test_the_rooms_import_no_wing_and_name_none_by_string() -> None:
+    """A room knows no wing: no import (lazy or TYPE_CHECKING ones included) and no string that
+    names one (a module path, a task name or pattern, a `module:function` spec)."""
+    wings = (*WINGS, EXAMPLES)
+    bad = set()
+    for name, path in sources("tasks").items():
+        if not any(within(name, room) for room in ROOMS):
+            continue
+        for target in imports_of(name, path):
+            if wing_of(target) is not None:
+                bad.add((name, target))
+        for text in code_strings(path):
+            if any(wing in text for wing in wings):
+                bad.add((name, text))
+    assert bad == set()
+
+
+def test_the_wings_are_named_only_by_the_composition_root_and_the_operator_faces() -> None:
+    """Outside the wings themselves, only tasks.celery, tasks.wings and the operator faces name
+    a wing's module in a string (Celery's include, a task name)."""
+    bad = set()
+    for name, path in sources("tasks").items():
+        if wing_of(name) is not None or is_top(name):
+            continue
+        for text in code_strings(path):
+            if any(text.startswith(wing + ".") or text == wing for wing in WINGS):
+                bad.add((name, text))
+    assert bad == set()
+
+
+def _owner_of(name: str) -> str | None:
+    """The wing (or room) package `name` belongs to."""
+    return wing_of(name) or next((room for room in ROOMS if within(name, room)), None)
+
+
+def test_every_table_is_declared_in_exactly_one_module_of_its_owner() -> None:
+    from tasks.wings import load_tables
+
+    metadata = load_tables()
+    declared: dict[str, set[str]] = {}
+    for name, path in sources("tasks").items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            table = None
+            if (isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__tablename__" for t in node.targets)
+                    and isinstance(node.value, ast.Constant)):
+                table = node.value.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "Table" and node.args
+                  and isinstance(node.args[0], ast.Constant)):
+                table = node.args[0].value
+            if table is not None:
+                declared.setdefault(str(table), set()).add(name)
+    assert set(declared) == set(metadata.tables)
+    owners = {table: {_owner_of(m) for m in modules} for table, modules in declared.items()}
+    assert {t: len(m) for t, m in declared.items()} == {t: 1 for t in declared}
+    expected = {"work_items": "tasks.ranges", "schedules": "tasks.ranges",
+                "range_runs": "tasks.ranges", "range_run_events": "tasks.ranges",
+                "skus": "tasks.restock", "orders": "tasks.restock",
+                "order_items": "tasks.restock", "payments": "tasks.restock",
+                "restock_nodes": "tasks.restock", "rollback_journal": "tasks.rollback",
+                "rollback_owners": "tasks.rollback", "dead_letters": "tasks.deadletters",
+                "cm_data": "tasks.store"}
+    assert owners == {table: {owner} for table, owner in expected.items()}
+
+
+def test_every_settings_section_and_variable_has_one_owner() -> None:
+    """Each wing's section is declared in its own package, no variable is read twice (by the
+    core and a section, or by two sections), and every wing with settings has one."""
+    from tasks.config.settings import _FIELDS, env_name
+    from tasks.wings import WINGS as DECLARED
+    from tasks.wings import sections
+
+    owners = {cls.__module__: cls for cls in sections()}
+    assert {wing_of(module) for module in owners} == {w for w in WINGS}
+    assert len(sections()) == len({*sections()}) == len(DECLARED)
+    names = [name for name, _ in _FIELDS.values()]
+    for cls in sections():
+        names += [env_name(cls, f) for f in dataclasses.fields(cls) if "parse" in f.metadata]
+    assert sorted(n for n in names if names.count(n) > 1) == []
+
+
+def test_every_metric_series_has_one_owner() -> None:
+    """A series name is made once: the core's in tasks.observe.metrics, each wing's in its
+    own series class (named for its wing: range_*, restock_*, rollback_*)."""
+    from tasks.observe.metrics import Metrics
+    from tasks.wings import WINGS as DECLARED
+
+    series = [wing.series for wing in DECLARED if wing.series is not None]
+    metrics = Metrics(series)
+    owned: dict[str, list[str]] = {}
+    core = [v for v in vars(metrics).values() if hasattr(v, "_name")]
+    core += list(metrics.lease.values())
+    for metric in core:
+        owned.setdefault(metric._name, []).append("tasks.observe.metrics")
+    for cls, found in metrics.wings.items():
+        assert wing_of(cls.__module__) is not None, cls
+        for metric in vars(found).values():
+            owned.setdefault(metric._name, []).append(cls.__module__)
+    assert {name: owners for name, owners in owned.items() if len(owners) > 1} == {}
+    prefixes = {"tasks.ranges": "rangekeeper_range_", "tasks.restock": "rangekeeper_restock_",
+                "tasks.rollback": "rangekeeper_rollback_"}
+    for name, (owner,) in owned.items():
+        wing = wing_of(owner)
+        if wing is not None:
+            assert name.startswith(prefixes[wing]), (name, owner)
+
+
+def test_every_wing_declares_its_routes_beat_entries_and_dead_letter_kinds() -> None:
+    """A wing's routes and beat entries name its own tasks only; a dead-letter kind has one
+    owner (the core's are in tasks.deadletters.kinds)."""
+    from tasks.deadletters.kinds import CORE_KINDS
+    from tasks.wings import WINGS as DECLARED
+
+    assert {w.__module__ for w in map(type, DECLARED)} == {"tasks.wing"}
+    kinds = [k.name for k in CORE_KINDS]
+    for wing in DECLARED:
+        package = f"tasks.{wing.name}"
+        assert package in WINGS
+        assert all(r.pattern.startswith(package + ".") for r in wing.routes), wing.name
+        assert all(b.task.startswith(package + ".") for b in wing.beat), wing.name
+        assert all(within(m, package) for m in wing.task_modules), wing.name
+        kinds += [k.name for k in wing.dead_letter_kinds]
+    assert sorted(k for k in kinds if kinds.count(k) > 1) == []
+
+
+def test_no_module_is_long_and_no_function_is_long() -> None:
+    long_modules, long_functions = set(), set()
+    for name, path in sources(*PRODUCT).items():
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.add(name)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.add((name, node.name, length))
+    assert long_modules == set()
+    assert long_functions == set()

@@ -13,7 +13,7 @@ from sqlalchemy.orm import sessionmaker
 
 from tasks.examples.cm_data import cm_data
 from tasks.ranges.reconciler import activate, reconcile_job
-from tasks.store.models import WORK
+from tasks.ranges.tables import WORK
 from tasks.store.resources import make_engine
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env

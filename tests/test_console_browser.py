@@ -24,7 +24,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, select
 
-from tasks.store.models import RANGE_RUNS, WORK
+from tasks.ranges.tables import RANGE_RUNS, WORK
 from tests import WORKER_REDIS_URL
 from tests.support.db import DATABASES, fresh_database
 from tests.support.workers import Proc, start_worker, wait_until

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import timedelta
@@ -12,12 +13,12 @@ from rich.console import Console
 from sqlalchemy import Engine, event, insert
 from sqlalchemy.orm import sessionmaker
 
-from tasks.config.settings import load_settings
 from tasks.deadletters.store import PRUNE_BATCH, DeadLetters
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.deadletters.view import render_letters
 from tasks.restock.status import _letters_per_node, restock_nodes
 from tasks.store.db import utcnow
-from tasks.store.models import DEAD_LETTERS
+from tasks.wings import WINGS, load_settings
 from tasks.worker.schedule import beat_schedule
 
 
@@ -42,7 +43,7 @@ def test_prune_deletes_only_letters_past_the_retention(engine: Engine) -> None:
 
 
 def test_the_prune_is_scheduled_and_its_retention_is_a_setting() -> None:
-    entry = beat_schedule(5.0)["prune-dead-letters"]
+    entry = beat_schedule(load_settings({}), WINGS)["prune-dead-letters"]
     assert entry["task"] == "tasks.health.prune_dead_letters"
     assert load_settings({"DEAD_LETTER_RETENTION": "86400"}).dead_letter_retention == 86400
     assert load_settings({}).dead_letter_retention == 30 * 86400
@@ -58,11 +59,13 @@ def test_the_prune_task_runs_with_the_configured_retention(
 
     _letters(engine, 4, age_days=2)
     _letters(engine, 2, age_days=0)
-    res = Resources(health.settings)
+    settings = health.app.platform_settings
+    res = Resources(settings)
     res._sessions = sessionmaker(engine)  # the test's database, not the default file
     monkeypatch.setattr(health, "resources_for", lambda _settings: res)
-    monkeypatch.setattr(health, "settings", health.settings.__class__(
-        dead_letter_retention=86400.0))
+    # The task reads the settings of its app (tasks.config.settings.settings_of).
+    monkeypatch.setattr(health.app, "platform_settings", dataclasses.replace(
+        settings, dead_letter_retention=86400.0))
     assert health.prune_dead_letters.apply().get() == 4
     assert DeadLetters(sessionmaker(engine)).counts() == {"task": 2}
 

@@ -26,8 +26,8 @@ from tasks.deadletters.store import (
     redact_payload,
     replay_refusal,
 )
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.store.db import utcnow
-from tasks.store.models import DEAD_LETTERS
 from tasks.store.resources import make_engine
 from tasks.worker.base import DEAD_LETTERED
 from tests.support.workers import ROOT, start_worker

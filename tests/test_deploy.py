@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from tasks.celery import HANDOVER_SECONDS, soft_shutdown_timeout
 from tasks.cli import cli
-from tasks.config.settings import _FIELDS, load_settings
+from tasks.wings import load_settings, variables
 from tests.support.brokers import platform_client
 from tests.support.db import fresh_database
 from tests.support.workers import ROOT, start_worker, wait_until
@@ -124,7 +124,7 @@ def test_every_manifest_parses_and_runs_a_real_entry_point() -> None:
 
 def test_the_settings_in_the_configmap_and_secret_are_valid_and_known() -> None:
     env = manifest_env()
-    known = {variable for variable, _ in _FIELDS.values()} | OTHER_VARIABLES
+    known = variables() | OTHER_VARIABLES
     assert set(env) <= known, f"unknown variables: {set(env) - known}"
     load_settings(env)  # raises SettingsError, naming the variable, on a bad value
 

@@ -17,8 +17,8 @@ from sqlalchemy.engine import make_url
 from devtools.embedded import free_port
 from tasks.examples.seed import seed_cm_data
 from tasks.observe.metrics import metrics_dir_root
+from tasks.ranges.tables import WORK
 from tasks.restock.routing import Router
-from tasks.store.models import WORK
 from tests.ranges.cluster import Platform
 from tests.support.brokers import platform_client
 from tests.support.db import DATABASES, fresh_database

@@ -21,7 +21,7 @@ from bench.nemesis.job import ddl
 from bench.nemesis.ledger import judge, valid_ledgers
 from devtools.embedded import free_port
 from tasks.restock.keys import stock_key
-from tasks.store.models import ORDER_ITEMS, PAYMENTS, SKUS
+from tasks.restock.tables import ORDER_ITEMS, PAYMENTS, SKUS
 from tests.support.db import DATABASES
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env

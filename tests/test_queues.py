@@ -17,11 +17,12 @@ from sqlalchemy import select
 
 from lease.keys import lease_key
 from tasks.celery import configure
-from tasks.config.settings import SettingsError, load_settings
+from tasks.config.settings import SettingsError
 from tasks.examples.seed import seed_cm_data
 from tasks.ranges.keys import range_lease_name
-from tasks.store.models import WORK
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import WORK
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.wings import WINGS, load_settings
 from tasks.worker.queues import routing_config
 from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer
@@ -79,7 +80,7 @@ def _client(env: dict[str, str]) -> Celery:
     settings = load_settings(env)
     client = Celery(broker=settings.broker_url, backend=settings.result_backend,
                     set_as_current=False)
-    client.conf.update(routing_config(settings))
+    client.conf.update(routing_config(settings, WINGS))
     return client
 
 

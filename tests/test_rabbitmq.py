@@ -30,9 +30,10 @@ import pytest
 import redis
 from sqlalchemy.orm import sessionmaker
 
-from tasks.config.settings import SettingsError, load_settings
+from tasks.config.settings import SettingsError
 from tasks.deadletters.store import DeadLetters
 from tasks.store.resources import make_engine
+from tasks.wings import load_settings
 from tasks.worker.base import DEAD_LETTERED
 from tasks.worker.keys import deliveries_key
 from tests.ranges.cluster import Platform

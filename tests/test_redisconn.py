@@ -11,7 +11,8 @@ from redis.cluster import RedisCluster
 
 from tasks.celery import configure
 from tasks.config.redisconn import redis_client
-from tasks.config.settings import SettingsError, load_settings
+from tasks.config.settings import SettingsError
+from tasks.wings import load_settings
 from tests.support.redis_cluster import redis_cluster
 from tests.support.redis_sentinel import MASTER_NAME, sentinel_group
 

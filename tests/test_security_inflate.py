@@ -19,9 +19,9 @@ import pytest
 import redis
 from sqlalchemy.orm import sessionmaker
 
-from tasks.config.settings import load_settings
 from tasks.deadletters.store import DeadLetters
 from tasks.store.resources import make_engine
+from tasks.wings import load_settings
 from tasks.worker.limits import (
     OVERSIZED_KIND,
     InflatesTooLarge,

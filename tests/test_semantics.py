@@ -11,8 +11,9 @@ from celery import Celery
 from celery.states import READY_STATES
 
 from tasks.celery import check_time_limits, configure
-from tasks.config.settings import SettingsError, load_settings
+from tasks.config.settings import SettingsError
 from tasks.deadletters.store import DeadLetters
+from tasks.wings import load_settings
 from tasks.worker.base import DEAD_LETTERED
 from tasks.worker.retry import RetryPolicy
 from tests.support.brokers import platform_client

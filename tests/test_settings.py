@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.config.settings import DEFAULT_DATABASE_URL, SettingsError, load_settings, redact
+from tasks.config.settings import DEFAULT_DATABASE_URL, SettingsError, redact
+from tasks.restock.settings import restock_settings
+from tasks.rollback.settings import rollback_settings
+from tasks.wings import load_settings
 
 
 def test_defaults_are_a_local_redis_and_a_sqlite_file() -> None:
@@ -100,22 +103,23 @@ def test_redact(url: str, shown: str) -> None:
 
 
 def test_restock_nodes_default_to_redis_url_and_parse_a_list() -> None:
-    assert load_settings({"REDIS_URL": "redis://127.0.0.1:6390/1"}).restock_nodes == (
-        "redis://127.0.0.1:6390/1",)
+    one = load_settings({"REDIS_URL": "redis://127.0.0.1:6390/1"})
+    assert restock_settings(one).nodes(one) == ("redis://127.0.0.1:6390/1",)
     two = load_settings({"RESTOCK_REDIS_URLS": "redis://127.0.0.1:7001/0, redis://127.0.0.1:7002/0"})
-    assert two.restock_nodes == ("redis://127.0.0.1:7001/0", "redis://127.0.0.1:7002/0")
-    assert (two.restock_delay, two.restock_capacity, two.restock_batch) == (600.0, 100_000, 100)
+    restock = restock_settings(two)
+    assert restock.nodes(two) == ("redis://127.0.0.1:7001/0", "redis://127.0.0.1:7002/0")
+    assert (restock.delay, restock.capacity, restock.batch) == (600.0, 100_000, 100)
 
 
 def test_the_one_settings_object_reads_the_rollback_flag_and_task_modules() -> None:
     found = load_settings({"ROLLBACK_ON_RETRY": "off", "EXTRA_TASK_MODULES": "a.b, c",
                            "CM_DATA_BATCH_DELAY": "0.5", "RESTOCK_QUEUES": "3"})
-    assert found.rollback_on_retry is False
+    assert rollback_settings(found).on_retry is False
     assert found.extra_task_modules == ("a.b", "c")
     assert found.cm_data_batch_delay == 0.5
-    assert found.restock_queue_names == ("q0", "q1", "q2")
+    assert restock_settings(found).queue_names == ("q0", "q1", "q2")
     defaults = load_settings({})
-    assert defaults.rollback_on_retry is True and defaults.extra_task_modules == ()
+    assert rollback_settings(defaults).on_retry is True and defaults.extra_task_modules == ()
 
 
 @pytest.mark.parametrize(("name", "url"), [

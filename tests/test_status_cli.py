@@ -32,8 +32,8 @@ from sqlalchemy import Engine, insert, update
 
 from tasks.deadletters.store import DeadLetters
 from tasks.ranges.status import PartitionView, format_eta, partitions_table, summarize
+from tasks.ranges.tables import WORK
 from tasks.store.db import utcnow
-from tasks.store.models import WORK
 from tests.support.workers import ROOT, start_worker, wait_until
 
 OWNER = "w-long-worker-name@build-host-17.example.internal:123456"

@@ -28,21 +28,13 @@ from sqlalchemy import Engine, func, select, text
 from bench.nemesis.job import JOB
 from bench.nemesis.ledger import judge
 from bench.nemesis.load import SagaSent
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.examples.saga import SAGA_PREFIX
+from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, WORK, RunState
 from tasks.restock.keys import stock_key
+from tasks.restock.tables import ORDER_ITEMS, PAYMENTS, SKUS, ItemState
 from tasks.rollback import JOURNAL, OWNERS
 from tasks.rollback.tables import JournalState, OwnerState
-from tasks.store.models import (
-    DEAD_LETTERS,
-    ORDER_ITEMS,
-    PAYMENTS,
-    RANGE_RUN_EVENTS,
-    RANGE_RUNS,
-    SKUS,
-    WORK,
-    ItemState,
-    RunState,
-)
 
 __all__ = ["Findings", "check", "FaultLog"]
 

@@ -35,9 +35,10 @@ from bench.nemesis.heal import heal, replace_stuck_orders, silent_workers, wait_
 from bench.nemesis.job import ddl
 from bench.nemesis.load import APP_ID_CEILING, SKUS, Load
 from devtools.demo import reset_database
-from tasks.config.settings import load_settings, redact
+from tasks.config.settings import redact
 from tasks.store.migrate import upgrade
 from tasks.store.resources import make_engine
+from tasks.wings import WINGS, load_settings
 from tasks.worker.queues import routing_config
 
 __all__ = ["main"]
@@ -99,7 +100,7 @@ def client_for(env: dict[str, str]) -> Celery:
     settings = load_settings(env)
     client = Celery(broker=settings.broker_url, backend=settings.result_backend,
                     set_as_current=False)
-    client.conf.update(routing_config(settings))
+    client.conf.update(routing_config(settings, WINGS))
     timeouts = {"socket_timeout": 5, "socket_connect_timeout": 3}
     client.conf.update(broker_transport_options=timeouts, redis_socket_timeout=5,
                        redis_socket_connect_timeout=3, result_backend_transport_options=timeouts,

@@ -23,9 +23,10 @@ __all__ = ["migrate", "seed", "status"]
 def migrate() -> None:
     """Apply the schema migrations to DATABASE_URL."""
     from tasks.store.migrate import upgrade
+    from tasks.wings import load_tables
 
     with open_resources(need_file=False) as res:
-        upgrade(res.engine)
+        upgrade(res.engine, metadata=load_tables())
     click.echo("schema is up to date")
 
 
@@ -75,11 +76,13 @@ def _views(res: Resources, job: str | None) -> tuple[Any, Any, Any, int]:
     from tasks.ranges.status import partitions, summarize
     from tasks.restock.clock import wall_ms
     from tasks.restock.nodes import stock_nodes
+    from tasks.restock.settings import restock_settings
     from tasks.restock.status import restock_nodes
 
     views = partitions(res.sessions, job)
     now = wall_ms()
-    nodes = restock_nodes(res.sessions, stock_nodes(res), res.settings.restock_queue_names, now)
+    queues = restock_settings(res.settings).queue_names
+    nodes = restock_nodes(res.sessions, stock_nodes(res), queues, now)
     return (views, summarize(views, res.sessions), (nodes, letters_view(res.sessions)), now)
 
 

@@ -64,22 +64,12 @@ class _Duration(click.ParamType):
 
 
 def _hints() -> dict[str, str]:
-    """What to do instead of a replay, per kind of letter that keeps no task to send."""
-    from tasks.ranges.workrow import DEAD_LETTER_KIND as RANGE_KIND
-    from tasks.restock.drain import DEAD_LETTER_KIND as RESTOCK_KIND
-    from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND
-    from tasks.worker.limits import OVERSIZED_KIND
+    """What to do instead of a replay, per kind of letter that keeps no task to send (each
+    wing declares its kinds; the app registers them: tasks.deadletters.kinds)."""
+    import tasks.celery  # noqa: F401  (registers the wings' dead-letter kinds)
+    from tasks.deadletters.kinds import kinds
 
-    return {
-        RANGE_KIND: "a range partition is resumed, not replayed: fix the cause, then "
-                    "start the job again (tasks.ranges.start)",
-        RESTOCK_KIND: "a restock entry is not a task: give the stock back by hand once the "
-                      "entry's problem is fixed",
-        REBUILD_DEAD_LETTER_KIND: "force a rebuild of the node (tasks.restock.rebuild) once "
-                                  "its cause is fixed",
-        OVERSIZED_KIND: "only the first bytes of the message were kept; send a smaller one",
-        "compensation": "a compensation is not a task: run it by hand with the payload's data",
-    }
+    return {name: kind.hint for name, kind in kinds().items() if kind.hint}
 
 
 @contextmanager

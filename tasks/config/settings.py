@@ -2,20 +2,30 @@
 
 Every value has a default that runs on one machine (a local Redis, a SQLite file). A bad value
 fails at start-up with a message that names the variable; a credential never appears in one.
+
+The core's settings are fields of `Settings`; each wing brings its own section (a frozen
+dataclass deriving from `Section`, declared in the wing and listed by `tasks.wings`), read by
+the same function and reached with `settings.section(TheSection)`. A section's variable names
+come from its field names: ENV_PREFIX + the field's name in capitals (`RESTOCK_` + `shards`:
+RESTOCK_SHARDS), unless the field names its variable (`setting(..., env="MAINTENANCE_EVERY")`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from tasks.config import envparse, redisconn
 from tasks.config.envparse import SettingsError, redact
 
-__all__ = ["Settings", "SettingsError", "load_settings", "redact"]
+__all__ = ["Settings", "SettingsError", "load_settings", "redact", "Section", "setting",
+           "load_section", "env_name", "settings_of", "variables"]
+
+S = TypeVar("S")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "sqlite:///rangekeeper.sqlite"
@@ -40,32 +50,9 @@ class Settings:
     visibility_timeout: int = 7200
     reconcile_interval: float = 5.0
     redelivery_cap: int = 5
-    # A partition task hands its partition back after this long, to stay within time limits.
-    range_slice: float = 300.0
-    # A finished partition is checked once more for rows committed late (a transaction that
-    # was open across its closing read) this long after it finished.
-    range_settle: float = 60.0
-    # Restock: the stock Redis masters (default: REDIS_URL alone); shard N lives on master
-    # N % masters (one URL: every shard there; a cluster: wherever the shard's slot is).
-    restock_redis_urls: tuple[str, ...] = ()
-    # Logical stock shards (hash tag {stock:N}); a SKU's shard is crc32(SKU) % shards. Changing
-    # it is a migration (docs/decisions.md, "Logical stock shards").
-    restock_shards: int = 16
-    restock_queues: int = 2  # delay queues per shard
-    restock_delay: float = 600.0  # an unpaid item's stock comes back after this long
-    restock_capacity: int = 100_000  # a delay queue holding this many stops syncing
-    restock_batch: int = 100  # due entries per restock script call
-    restock_interval: float = 5.0  # seconds between the sync/drain/rebuild jobs beat emits
-    maintenance_every: float = 3 * 3600.0  # a node's next maintenance window after a rebuild
-    # Compensated rollback journal rows (and the demo saga ledgers) are deleted this long after
-    # their last change, by the sweeper.
-    journal_retention: float = 7 * 86400.0
     # Modules every worker imports besides the platform's own (Celery's `include`): your range
     # jobs and tasks, or the samples and test-only tasks (`devtools.samples`).
     extra_task_modules: tuple[str, ...] = ()
-    # A failed attempt that will be retried is rolled back before the retry (1), or hands its
-    # journal over to the next attempt (0).
-    rollback_on_retry: bool = True
     # The example job cm_data (tasks/examples/cm_data.py): ids per partition (partitions
     # planned later), rows per batch, threads per batch, `trivial` or `cpu` work per row, and a
     # sleep per batch so chaos tests can act mid-partition.
@@ -101,10 +88,8 @@ class Settings:
     redis_cluster_nodes: tuple[str, ...] = ()
     # The master every sentinel:// URL (REDIS_URL, BROKER_URL, RESULT_BACKEND) names.
     sentinel_master: str | None = None
-    # Celery queues (tasks/worker/queues.py): partitions, restock work, controls (reconcile, health,
-    # rollback), and everything else.
-    ranges_queue: str = "ranges"
-    restock_queue: str = "restock"
+    # Celery queues (tasks/worker/queues.py): controls (reconcile rounds, health, rollback)
+    # and everything else; each wing's own queues are in its section.
     control_queue: str = "control"
     default_queue: str = "celery"
     # The operator console (`python -m tasks console`, tasks/console): it refuses to start
@@ -124,16 +109,16 @@ class Settings:
     console_trusted_proxies: tuple[str, ...] = ()
     # Flower's address, linked from the console for task-level detail (optional).
     flower_url: str | None = None
+    # The wings' sections (`Section` instances, one per class), read by `load_settings`.
+    sections: tuple[Any, ...] = ()
 
-    @property
-    def restock_nodes(self) -> tuple[str, ...]:
-        """The Redis URL of every stock master, master 0 first."""
-        return self.restock_redis_urls or (self.redis_url,)
-
-    @property
-    def restock_queue_names(self) -> tuple[str, ...]:
-        """The names of every node's delay queues: q0, q1, ..."""
-        return tuple(f"q{i}" for i in range(self.restock_queues))
+    def section(self, cls: type[S]) -> S:
+        """This object's section of class `cls` (a wing's settings)."""
+        for found in self.sections:
+            if type(found) is cls:
+                return found  # type: ignore[no-any-return]
+        raise SettingsError(f"these settings were loaded without the {cls.__name__} section "
+                            "(tasks.wings.load_settings reads every wing's)")
 
     def __post_init__(self) -> None:
         _check_redis_topology(self)
@@ -146,11 +131,6 @@ class Settings:
             raise SettingsError(
                 f"VISIBILITY_TIMEOUT ({self.visibility_timeout}) must exceed TIME_LIMIT "
                 f"({self.time_limit:g}), or a running task is redelivered while it still runs"
-            )
-        if self.range_slice >= self.soft_time_limit:
-            raise SettingsError(
-                f"RANGE_SLICE ({self.range_slice:g}) must be below SOFT_TIME_LIMIT "
-                f"({self.soft_time_limit:g})"
             )
         if self.amqp_delivery_limit <= self.redelivery_cap:
             raise SettingsError(
@@ -193,19 +173,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "visibility_timeout": ("VISIBILITY_TIMEOUT", envparse.positive(int)),
     "reconcile_interval": ("RECONCILE_INTERVAL", envparse.positive(float)),
     "redelivery_cap": ("REDELIVERY_CAP", envparse.positive(int)),
-    "range_slice": ("RANGE_SLICE", envparse.positive(float)),
-    "range_settle": ("RANGE_SETTLE", envparse.positive(float)),
-    "restock_redis_urls": ("RESTOCK_REDIS_URLS", envparse.url_list(REDIS_SCHEMES)),
-    "restock_shards": ("RESTOCK_SHARDS", envparse.positive(int)),
-    "restock_queues": ("RESTOCK_QUEUES", envparse.positive(int)),
-    "restock_delay": ("RESTOCK_DELAY", envparse.positive(float)),
-    "restock_capacity": ("RESTOCK_CAPACITY", envparse.positive(int)),
-    "restock_batch": ("RESTOCK_BATCH", envparse.positive(int)),
-    "restock_interval": ("RESTOCK_INTERVAL", envparse.positive(float)),
-    "maintenance_every": ("MAINTENANCE_EVERY", envparse.positive(float)),
-    "journal_retention": ("JOURNAL_RETENTION", envparse.positive(float)),
     "extra_task_modules": ("EXTRA_TASK_MODULES", envparse.modules),
-    "rollback_on_retry": ("ROLLBACK_ON_RETRY", envparse.flag),
     "cm_data_partition_size": ("CM_DATA_PARTITION_SIZE", envparse.at_least(int, 1)),
     "cm_data_batch_size": ("CM_DATA_BATCH_SIZE", envparse.at_least(int, 1)),
     "cm_data_parallelism": ("CM_DATA_PARALLELISM", envparse.at_least(int, 1)),
@@ -224,8 +192,6 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "amqp_delivery_limit": ("AMQP_DELIVERY_LIMIT", envparse.positive(int)),
     "redis_cluster_nodes": ("REDIS_CLUSTER_NODES", envparse.cluster_nodes),
     "sentinel_master": ("SENTINEL_MASTER", envparse.sentinel_master),
-    "ranges_queue": ("RANGES_QUEUE", envparse.queue),
-    "restock_queue": ("RESTOCK_QUEUE", envparse.queue),
     "control_queue": ("CONTROL_QUEUE", envparse.queue),
     "default_queue": ("DEFAULT_QUEUE", envparse.queue),
     "console_user": ("CONSOLE_USER", lambda _name, raw: raw),
@@ -239,8 +205,10 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
 }
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Read `Settings` from `env` (default `os.environ`); raise `SettingsError` on a bad value.
+def load_settings(env: Mapping[str, str] | None = None,
+                  sections: Iterable[type[Section]] = ()) -> Settings:
+    """Read `Settings` and the `sections` (the wings' section classes) from `env` (default
+    `os.environ`); raise `SettingsError` on a bad value.
 
     BROKER_URL and RESULT_BACKEND default to REDIS_URL, so one variable points the whole
     platform at one Redis.
@@ -260,4 +228,61 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                     "result backend cannot use a Redis Cluster; a Redis, Sentinel or RabbitMQ)")
     values.setdefault("broker_url", redis_url)
     values.setdefault("result_backend", redis_url)
-    return Settings(**values)  # type: ignore[arg-type]
+    core = Settings(**values)  # type: ignore[arg-type]
+    found = tuple(load_section(cls, env) for cls in sections)
+    for section in found:
+        section.check(core)
+    return dataclasses.replace(core, sections=found)
+
+
+class Section:
+    """A wing's settings section: a frozen dataclass deriving from this class, whose fields
+    are made with `setting` (the parser of each); its variables are named ENV_PREFIX + the
+    field's name in capitals unless a field names its own."""
+
+    ENV_PREFIX: ClassVar[str] = ""
+
+    def check(self, settings: Settings) -> None:
+        """Refuse values that do not fit the core's (`SettingsError`); nothing by default."""
+
+
+def setting(default: Any, parse: Callable[[str, str], object], env: str | None = None) -> Any:
+    """A section field: its default, its parser (`tasks.config.envparse`) and, when its name
+    does not follow from the field's, its variable."""
+    return dataclasses.field(default=default, metadata={"parse": parse, "env": env})
+
+
+def env_name(cls: type[Section], field: dataclasses.Field[Any]) -> str:
+    """The variable a section's field is read from."""
+    return field.metadata.get("env") or cls.ENV_PREFIX + field.name.upper()
+
+
+def variables(sections: Iterable[type[Section]] = ()) -> set[str]:
+    """Every variable the core and `sections` read."""
+    names = {name for name, _ in _FIELDS.values()}
+    for cls in sections:
+        names.update(env_name(cls, f) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                     if "parse" in f.metadata)
+    return names
+
+
+def load_section(cls: type[S], env: Mapping[str, str]) -> S:
+    """Read the section `cls` from `env`; `SettingsError` names a bad variable."""
+    values: dict[str, object] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        parse = field.metadata.get("parse")
+        if parse is None:
+            continue
+        name = env_name(cls, field)  # type: ignore[arg-type]
+        raw = env.get(name, "").strip()
+        if raw:
+            values[field.name] = parse(name, raw)
+    return cls(**values)
+
+
+def settings_of(app: Any) -> Settings:
+    """The settings of the Celery app `app` (`tasks.celery` hands its app the settings it
+    read, `platform_settings`), or the core's read from the environment for an app that
+    carries none (a bare client)."""
+    found = getattr(app, "platform_settings", None)
+    return found if isinstance(found, Settings) else load_settings()

@@ -155,13 +155,14 @@ def restock_overview() -> list[dict[str, Any]]:
     letters (what `python -m tasks status` shows)."""
     from tasks.restock.clock import wall_ms
     from tasks.restock.nodes import stock_nodes
+    from tasks.restock.settings import restock_settings
     from tasks.restock.status import nodes_json, restock_nodes
 
     def read() -> list[dict[str, Any]]:
         res = _res()
         now = wall_ms()
-        views = restock_nodes(res.sessions, stock_nodes(res), res.settings.restock_queue_names,
-                              now)
+        queues = restock_settings(res.settings).queue_names
+        views = restock_nodes(res.sessions, stock_nodes(res), queues, now)
         return nodes_json(views, now)
 
     return _guarded(read)  # type: ignore[no-any-return]

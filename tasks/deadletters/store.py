@@ -21,8 +21,8 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.config.settings import redact
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.store.db import affected, utcnow
-from tasks.store.models import DEAD_LETTERS
 
 __all__ = ["DeadLetters", "Letter", "Summary", "PRUNE_BATCH", "DeadLetterError",
            "LetterNotFound", "NotReplayable", "AlreadyReplayed", "Replay", "replay_refusal",

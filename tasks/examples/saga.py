@@ -21,6 +21,7 @@ from redis.commands.core import Script
 
 from tasks.celery import app, settings
 from tasks.rollback import compensation, step
+from tasks.rollback.settings import rollback_settings
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments, quote, text_arg
 from tasks.worker.base import PlatformTask
@@ -64,7 +65,7 @@ def _key(order_id: str) -> str:
 
 
 def _ttl_ms() -> int:
-    return max(1, round(settings.journal_retention * 1000))
+    return max(1, round(rollback_settings(settings).journal_retention * 1000))
 
 
 def ledger(order_id: str, client: Any = None) -> list[str]:

@@ -5,8 +5,9 @@ prometheus-client's multiprocess mode does the bookkeeping: `setup()` runs in th
 main process before it forks its pool (Celery's `worker_init`) or in beat (`beat_init`); it
 makes a fresh directory of its own under the system's temporary directory, points
 PROMETHEUS_MULTIPROC_DIR at it before prometheus_client is imported, and serves every pool
-process's samples from there, with the state the wings read at scrape time (partitions by
-state, restock queues: `STATE_SOURCES`, named as strings so the core imports no wing). A pool
+process's samples from there, with the series each wing declares (`Wing.series`) and the
+state the wings read at scrape time (partitions by state, restock queues: `Wing.state`, named
+as strings in the wings' declarations, so this room names no wing). A pool
 process that exits is marked dead; the directory is removed at shutdown and stale ones (their
 process gone) at the next start. Nothing here runs when METRICS_PORT is unset: every `record`
 call is then one attribute check.
@@ -25,22 +26,20 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from tasks.config.settings import Settings
+    from tasks.wing import Wing
 
-__all__ = ["setup", "shutdown", "child_exited", "record", "Metrics", "STATE_SOURCES",
+__all__ = ["setup", "shutdown", "child_exited", "record", "Metrics", "Make",
            "metrics_dir_root", "lost_reason"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 PREFIX = "rangekeeper_"
-# Functions `(settings) -> Iterable[Metric]` that read a wing's shared state at scrape time.
-STATE_SOURCES = ("tasks.ranges.metrics:collect", "tasks.restock.metrics:collect")
-# Functions `(metrics, settings)` that create each wing's labelled series at 0 at start, so
-# every series exists (and a dashboard or an alert sees 0, not nothing) before it first moves.
-ZERO_SOURCES = ("tasks.ranges.metrics:zero", "tasks.restock.metrics:zero")
 SECONDS_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -53,47 +52,53 @@ def lost_reason(reason: str) -> str:
     return "other"
 
 
-class Metrics:
-    """The metric objects of this process (built once prometheus_client may be imported)."""
+class Make:
+    """Makes series with the platform's prefix and buckets; handed to each wing's series class
+    (`Wing.series(make)`), so a wing declares its series without importing prometheus_client
+    before `setup` may."""
 
     def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+        import prometheus_client
 
-        def counter(name: str, doc: str, labels: Iterable[str] = ()) -> Any:
-            return Counter(PREFIX + name, doc, tuple(labels), registry=None)
+        self._client = prometheus_client
 
+    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> Any:
+        return self._client.Counter(PREFIX + name, doc, tuple(labels), registry=None)
+
+    def gauge(self, name: str, doc: str, labels: Iterable[str] = (), mode: Any = "max") -> Any:
+        return self._client.Gauge(PREFIX + name, doc, tuple(labels), multiprocess_mode=mode,
+                                  registry=None)
+
+    def histogram(self, name: str, doc: str, labels: Iterable[str] = ()) -> Any:
+        return self._client.Histogram(PREFIX + name, doc, tuple(labels),
+                                      buckets=SECONDS_BUCKETS, registry=None)
+
+
+class Metrics:
+    """The metric objects of this process (built once prometheus_client may be imported): the
+    core's series as attributes, each wing's series object by its class (`of`)."""
+
+    def __init__(self, series: Iterable[type[Any]] = ()) -> None:
+        make = Make()
+        counter = make.counter
         self.lease = {c: counter(f"lease_{c}", f"leases {c}") for c in
                       ("acquired", "contended", "renewed", "released")}
         self.lease_renewal_failures = counter("lease_renewal_failures",
                                               "renewals refused or lost to a Redis error")
         self.lease_lost = counter("lease_lost", "leases lost, by reason class", ["reason"])
-        self.lease_renew_seconds = Histogram(PREFIX + "lease_renew_seconds",
-                                             "renewal round trips", buckets=SECONDS_BUCKETS,
-                                             registry=None)
-        self.lease_margin = Gauge(PREFIX + "lease_safe_margin_min_seconds",
-                                  "the least time a lease had left when a renewal was confirmed",
-                                  multiprocess_mode="min", registry=None)
-        self.range_rows = counter("range_rows_processed", "rows processed", ["job"])
-        self.range_batches = counter("range_batches", "batches committed", ["job"])
-        self.range_batch_seconds = Histogram(PREFIX + "range_batch_seconds", "batch times",
-                                             ["job"], buckets=SECONDS_BUCKETS, registry=None)
-        self.range_batch_size = Gauge(PREFIX + "range_batch_size", "the last batch size",
-                                      ["job"], multiprocess_mode="max", registry=None)
-        self.range_takeovers = counter("range_takeovers", "partitions taken over", ["job"])
-        self.range_fenced_out = counter("range_fenced_out_batches",
-                                        "batches rolled back: a newer holder", ["job"])
-        self.range_throttle_wait = counter("range_throttle_wait_seconds",
-                                           "time partitions waited for the throttle", ["job"])
-        self.restocked = counter("restock_entries", "delay-queue entries settled, by status",
-                                 ["node", "queue", "status"])
-        self.restock_dead_letters = counter("restock_dead_letters", "entries dead-lettered",
-                                            ["node", "queue"])
+        self.lease_renew_seconds = make.histogram("lease_renew_seconds", "renewal round trips")
+        self.lease_margin = make.gauge("lease_safe_margin_min_seconds",
+                                       "the least time a lease had left when a renewal was "
+                                       "confirmed", mode="min")
         self.task_retries = counter("task_retries", "retries scheduled", ["task"])
         self.task_capped = counter("task_redelivery_dead_letters",
                                    "messages dead-lettered at the redelivery cap", ["task"])
-        self.rollback_steps = counter("rollback_steps", "compensations run, by result",
-                                      ["result"])
-        self.rollback_sweeps = counter("rollback_sweeps", "sweeper runs")
+        self.wings: dict[type[Any], Any] = {cls: cls(make) for cls in series}
+
+    def of(self, cls: type[T]) -> T:
+        """The series object of class `cls` (a wing's `Wing.series`)."""
+        found: T = self.wings[cls]
+        return found
 
     # lease.stats.Observer ------------------------------------------------------------------
     def counted(self, counter: str, n: int) -> None:
@@ -129,10 +134,11 @@ def metrics_dir_root() -> Path:
     return Path(tempfile.gettempdir()) / "rangekeeper-metrics"
 
 
-def setup(settings: Settings, role: str, task_names: Iterable[str] = ()) -> int | None:
+def setup(settings: Settings, role: str, task_names: Iterable[str] = (),
+          wings: Iterable[Wing] = ()) -> int | None:
     """Start exporting for this process and the pool processes it will fork; return the port
     served, or None when METRICS_PORT is unset. Call before forking. `task_names`: the tasks
-    whose retry and cap series start at 0."""
+    whose retry and cap series start at 0; `wings`: whose series and state to serve."""
     if settings.metrics_port is None or record.on is not None:
         return None
     root = metrics_dir_root()
@@ -150,12 +156,13 @@ def setup(settings: Settings, role: str, task_names: Iterable[str] = ()) -> int 
 
     from lease.stats import set_observer
 
-    record.on = Metrics()
+    wings = tuple(wings)
+    record.on = Metrics(wing.series for wing in wings if wing.series is not None)
     _zero(record.on, settings, task_names)
     set_observer(record.on)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))
-    registry.register(_StateCollector(settings))
+    registry.register(_StateCollector(settings, [w.state for w in wings if w.state]))
     server, _thread = start_http_server(settings.metrics_port, settings.metrics_address,
                                         registry=registry)
     _state.update(directory=directory, server=server)
@@ -167,17 +174,13 @@ def setup(settings: Settings, role: str, task_names: Iterable[str] = ()) -> int 
 def _zero(m: Metrics, settings: Settings, task_names: Iterable[str]) -> None:
     for reason in ("refused", "expired", "other"):
         m.lease_lost.labels(reason)
-    for result in ("compensated", "failed"):
-        m.rollback_steps.labels(result)
     for name in task_names:
         m.task_retries.labels(name)
         m.task_capped.labels(name)
-    for spec in ZERO_SOURCES:
-        module, _, name = spec.partition(":")
-        try:
-            getattr(importlib.import_module(module), name)(m, settings)
-        except ImportError:
-            log.debug("metrics: no zero source %s", spec)
+    # Each wing's labelled series at 0, so every series exists (and a dashboard or an alert
+    # sees 0, not nothing) before it first moves.
+    for series in m.wings.values():
+        series.zero(settings)
 
 
 def child_exited(pid: int) -> None:
@@ -222,10 +225,10 @@ def _alive(pid: int) -> bool:
 class _StateCollector:
     """Reads the wings' shared state (database, Redis) when scraped."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, specs: Iterable[str]) -> None:
         self.settings = settings
         self.sources: list[Callable[[Settings], Iterable[Any]]] = []
-        for spec in STATE_SOURCES:
+        for spec in specs:
             module, _, name = spec.partition(":")
             try:
                 self.sources.append(getattr(importlib.import_module(module), name))

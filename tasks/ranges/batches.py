@@ -35,13 +35,14 @@ from sqlalchemy.orm import Session
 
 from tasks.observe.metrics import record
 from tasks.ranges.jobs import Context
+from tasks.ranges.metrics import RangeSeries
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared
 from tasks.ranges.planning import Partition
 from tasks.ranges.sizing import SETTLED, Sizer
 from tasks.ranges.skips import Skips, quarantined_ids
+from tasks.ranges.tables import WORK
 from tasks.ranges.workrow import WorkRow
 from tasks.store.db import WRITE_INTENT, affected, utcnow
-from tasks.store.models import WORK
 
 __all__ = ["Batches", "Cursor", "BatchRows", "CHECK_CHUNK"]
 
@@ -185,7 +186,7 @@ class Batches:
             rows, seconds = self.rows_done - rows_before, self.clock() - began
             SETTLED.put(self.job, self.sizer.observe(rows, seconds))
             if record.on is not None:
-                self._count(record.on, rows, seconds)
+                self._count(record.on.of(RangeSeries), rows, seconds)
         return found
 
     def _count(self, metrics: Any, rows: int, seconds: float) -> None:

@@ -57,9 +57,9 @@ from tasks.ranges.runs import (
     writing,
 )
 from tasks.ranges.skips import quarantined_of_job
+from tasks.ranges.tables import SCHEDULES, WORK, RunState
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
-from tasks.store.models import SCHEDULES, WORK, RunState
-from tasks.store.models import PartitionStatus as S
 
 __all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT", "nothing_open"]
 

@@ -40,9 +40,9 @@ from tasks.ranges.runs import (
     write_flags,
     writing,
 )
+from tasks.ranges.tables import SCHEDULES, WORK, RunState
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
-from tasks.store.models import SCHEDULES, WORK, RunState
-from tasks.store.models import PartitionStatus as S
 from tasks.store.validate import InvalidArguments, quote
 
 __all__ = ["Controls", "ControlRefused", "VERBS", "MAX_RATE", "validate_rate"]

@@ -1,6 +1,7 @@
-"""The range wing's state for Prometheus, read at scrape time (`tasks.observe.metrics`): partitions
-by job and state, the rows done and planned per job (from the work rows), and the state of
-each job's latest run (one series per state, 1 for the run's state and 0 for the others)."""
+"""The range wing's metric series (`RangeSeries`, served by `tasks.observe.metrics`) and its
+state for Prometheus, read at scrape time: partitions by job and state, the rows done and
+planned per job (from the work rows), and the state of each job's latest run (one series per
+state, 1 for the run's state and 0 for the others)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 from sqlalchemy import func, select
 
 from tasks.config.settings import Settings
-from tasks.store.models import RANGE_RUNS, WORK, RunState
+from tasks.ranges.tables import RANGE_RUNS, WORK, RunState
 
-__all__ = ["collect", "zero"]
+__all__ = ["RangeSeries", "collect"]
 
 
 def collect(settings: Settings) -> Iterable[Any]:
@@ -53,11 +54,27 @@ def collect(settings: Settings) -> Iterable[Any]:
     return [parts, done, planned, run_state]
 
 
-def zero(m: Any, settings: Settings) -> None:
-    """Every registered job's series, at 0."""
-    from tasks.ranges.jobs import registered_jobs
+class RangeSeries:
+    """The range wing's series, labelled by job (`record.on.of(RangeSeries)`)."""
 
-    for job in registered_jobs():
-        for metric in (m.range_rows, m.range_batches, m.range_batch_seconds, m.range_batch_size,
-                       m.range_takeovers, m.range_fenced_out, m.range_throttle_wait):
-            metric.labels(job.name)
+    def __init__(self, make: Any) -> None:
+        self.range_rows = make.counter("range_rows_processed", "rows processed", ["job"])
+        self.range_batches = make.counter("range_batches", "batches committed", ["job"])
+        self.range_batch_seconds = make.histogram("range_batch_seconds", "batch times", ["job"])
+        self.range_batch_size = make.gauge("range_batch_size", "the last batch size", ["job"])
+        self.range_takeovers = make.counter("range_takeovers", "partitions taken over", ["job"])
+        self.range_fenced_out = make.counter("range_fenced_out_batches",
+                                             "batches rolled back: a newer holder", ["job"])
+        self.range_throttle_wait = make.counter("range_throttle_wait_seconds",
+                                                "time partitions waited for the throttle",
+                                                ["job"])
+
+    def zero(self, settings: Settings) -> None:
+        """Every registered job's series, at 0."""
+        from tasks.ranges.jobs import registered_jobs
+
+        for job in registered_jobs():
+            for metric in (self.range_rows, self.range_batches, self.range_batch_seconds,
+                           self.range_batch_size, self.range_takeovers, self.range_fenced_out,
+                           self.range_throttle_wait):
+                metric.labels(job.name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tasks.ranges.jobs import InvalidArguments
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import PartitionStatus as S
 
 __all__ = ["Outcome", "Progress", "UnknownPartition", "FencedOut", "FilterNotCleared"]
 

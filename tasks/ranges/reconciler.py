@@ -40,9 +40,9 @@ from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.ranges.keys import range_schedule_name as schedule_name
 from tasks.ranges.planning import StoredPlan, plan_after
 from tasks.ranges.runs import current_run, enforce
+from tasks.ranges.tables import SCHEDULES, WORK, RunState
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
-from tasks.store.models import SCHEDULES, WORK, RunState
-from tasks.store.models import PartitionStatus as S
 
 __all__ = ["Round", "schedule_name", "activate", "activate_in", "reconcile_job",
            "active_jobs", "repair_inactive", "due_now"]

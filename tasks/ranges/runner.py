@@ -36,11 +36,12 @@ from tasks.ranges.batches import Batches
 from tasks.ranges.gate import ADOPT, Gate
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import OUTAGE_TTL, range_outage_key
+from tasks.ranges.metrics import RangeSeries
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared, Outcome, Progress, UnknownPartition
 from tasks.ranges.planning import Partition
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import DEAD_LETTER_KIND, WorkRow
 from tasks.store.db import is_redis_away, is_transient, utcnow
-from tasks.store.models import PartitionStatus as S
 
 # The outcomes, exceptions and dead-letter kind are re-exported: a run's caller needs them.
 __all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "FencedOut",
@@ -135,7 +136,7 @@ class PartitionRunner:
             self.row.dead_letter(lease.fence, claimed, self.crash_cap)
             return Outcome.FAILED
         if claimed.crashes and record.on is not None:  # took over from a holder gone silent
-            record.on.range_takeovers.labels(self.job.name).inc()
+            record.on.of(RangeSeries).range_takeovers.labels(self.job.name).inc()
         batches = self.batches = Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
                                          next_id=claimed.next_id, clock=self.clock,
                                          lease_ttl=self.lease_ttl)
@@ -151,7 +152,7 @@ class PartitionRunner:
         except FencedOut:
             log.warning("range %s part %s: fenced out by a newer holder", self.job.name, self.part)
             if record.on is not None:
-                record.on.range_fenced_out.labels(self.job.name).inc()
+                record.on.of(RangeSeries).range_fenced_out.labels(self.job.name).inc()
             return Outcome.FENCED_OUT
         except SoftTimeLimitExceeded:
             self.row.release_to_pending(lease.fence)
@@ -177,7 +178,7 @@ class PartitionRunner:
             stop = gate.before_batch(lease, batches.rows_done - rows_before)
             waited = self.clock() - waited
             if waited > 0.01 and record.on is not None:  # more than the gate's round trip
-                record.on.range_throttle_wait.labels(self.job.name).inc(waited)
+                record.on.of(RangeSeries).range_throttle_wait.labels(self.job.name).inc(waited)
             rows_before = batches.rows_done
             if stop == ADOPT:
                 return self._yield_to(gate.adopted, lease)

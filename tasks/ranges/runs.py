@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.ranges.keys import range_control_key, range_lease_name, range_schedule_name
+from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import WRITE_INTENT, affected, utcnow
-from tasks.store.models import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
-from tasks.store.models import PartitionStatus as S
 
 __all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
            "change_state", "run_rows", "write_flags", "enforce", "RECONCILER",

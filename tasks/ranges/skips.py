@@ -34,8 +34,8 @@ from typing import Any
 from sqlalchemy import Row, insert, select
 from sqlalchemy.orm import Session
 
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.store.db import utcnow
-from tasks.store.models import DEAD_LETTERS
 
 __all__ = ["SKIP_KIND", "SkipLimitExceeded", "Skips", "validate_skips", "quarantined_ids",
            "quarantined_of_job"]

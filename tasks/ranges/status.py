@@ -29,8 +29,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.deadletters.view import console_for
+from tasks.ranges.tables import WORK, PartitionStatus
 from tasks.store.db import utcnow
-from tasks.store.models import WORK, PartitionStatus
 
 __all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "render",
            "jobs_table", "partitions_table", "ranges_json", "format_eta"]

@@ -33,6 +33,7 @@ from tasks.ranges.reconciler import (
     repair_inactive,
 )
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
+from tasks.ranges.settings import range_settings
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments
 from tasks.worker.lifecycle import shutdown_requested
@@ -57,7 +58,7 @@ def _round(job_name: str) -> Round:
         res.sessions, res.redis, get_job(job_name), _dispatch,
         interval=settings.reconcile_interval,
         grace=max(settings.lease_ttl, 2 * settings.reconcile_interval),
-        settle=settings.range_settle,
+        settle=range_settings(settings).settle,
     )
 
 
@@ -181,7 +182,7 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
             lease_ttl=settings.lease_ttl,
             owner=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}",
             shutdown=shutdown_requested,
-            time_slice=settings.range_slice, on_progress=progress,
+            time_slice=range_settings(settings).slice, on_progress=progress,
             crash_cap=settings.redelivery_cap, may_adopt=may_adopt,
         )
         outcome = runner.run()
@@ -192,7 +193,8 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
         return runner, outcome
 
     # One adoption per task, and only while two time slices fit in its soft time limit.
-    first, outcome = run(part, may_adopt=2 * settings.range_slice < settings.soft_time_limit)
+    may_adopt = 2 * range_settings(settings).slice < settings.soft_time_limit
+    first, outcome = run(part, may_adopt=may_adopt)
     result: dict[str, Any] = {"job": found.name, "part": part, "outcome": outcome,
                               "rows": first.rows_done}
     if outcome == Outcome.YIELDED and first.adopted is not None:

@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks.deadletters.store import DeadLetters
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.outcomes import FencedOut, UnknownPartition
+from tasks.ranges.tables import WORK
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
-from tasks.store.models import WORK
-from tasks.store.models import PartitionStatus as S
 
 __all__ = ["WorkRow", "DEAD_LETTER_KIND"]
 

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.restock.keys import delay_key, meta_key, offset_key, stock_key, term_key
 from tasks.restock.nodes import StockNode
-from tasks.store.models import ORDER_ITEMS, RESTOCK_NODES, SKUS
+from tasks.restock.tables import ORDER_ITEMS, RESTOCK_NODES, SKUS
 
 __all__ = ["DueWork", "due_work"]
 

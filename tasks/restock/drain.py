@@ -54,8 +54,8 @@ from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, RedoEntry, parse_entry
 from tasks.restock.replies import SUCCESS, Action, LockNotHeld, NodeMaintaining, QueueFull
 from tasks.restock.scripts import DEFAULT_CAPACITY, DEFAULT_DELAY_MS, RestockResult
+from tasks.restock.tables import ORDER_ITEMS, ItemState
 from tasks.store.db import WRITE_INTENT, is_transient, utcnow
-from tasks.store.models import ORDER_ITEMS, ItemState
 from tasks.store.validate import quote
 
 __all__ = ["DEAD_LETTER_KIND", "MAX_ATTEMPTS", "DrainOutcome", "DrainReport", "Drainer",

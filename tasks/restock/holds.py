@@ -37,8 +37,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.restock.keys import deducted_key, term_key
 from tasks.restock.scripts import Generation, StockScripts
+from tasks.restock.tables import ORDER_ITEMS, RESTOCK_NODES, ItemState
 from tasks.store.db import WRITE_INTENT, utcnow
-from tasks.store.models import ORDER_ITEMS, RESTOCK_NODES, ItemState
 
 __all__ = ["LOST_DEDUCTION", "SOLD_BEFORE", "check_holds", "recorded_generation"]
 

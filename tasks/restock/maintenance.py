@@ -62,8 +62,8 @@ from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, format_entry, parse_entry
 from tasks.restock.replies import LockNotHeld
 from tasks.restock.scripts import Generation, Reissue
+from tasks.restock.tables import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
 from tasks.store.db import WRITE_INTENT, utcnow
-from tasks.store.models import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
 
 __all__ = ["MAX_ATTEMPTS", "REBUILD_DEAD_LETTER_KIND", "RebuildOutcome", "RebuildReport",
            "Rebuilder"]

@@ -1,4 +1,5 @@
-"""The restock wing's state for Prometheus, read at scrape time (`tasks.observe.metrics`):
+"""The restock wing's metric series (`RestockSeries`, served by `tasks.observe.metrics`) and its
+state for Prometheus, read at scrape time:
 per node and queue the delay-queue length, the entries due, the unsynced redo log; per node
 the term, whether it is in maintenance, and its dead letters."""
 
@@ -10,9 +11,10 @@ from typing import Any
 from tasks.config.settings import Settings
 from tasks.restock.clock import wall_ms
 from tasks.restock.nodes import stock_nodes
+from tasks.restock.settings import restock_settings
 from tasks.restock.status import restock_nodes
 
-__all__ = ["collect", "zero"]
+__all__ = ["RestockSeries", "collect"]
 
 
 def collect(settings: Settings) -> Iterable[Any]:
@@ -21,7 +23,7 @@ def collect(settings: Settings) -> Iterable[Any]:
     from tasks.store.resources import resources_for
 
     res = resources_for(settings)
-    views = restock_nodes(res.sessions, stock_nodes(res), settings.restock_queue_names,
+    views = restock_nodes(res.sessions, stock_nodes(res), restock_settings(settings).queue_names,
                           wall_ms())
     p = "rangekeeper_restock_"
     queued = GaugeMetricFamily(p + "queued", "entries in the delay queue", labels=["node", "queue"])
@@ -49,15 +51,26 @@ def collect(settings: Settings) -> Iterable[Any]:
     return [queued, due, unsynced, term, window, up, letters]
 
 
-def zero(m: Any, settings: Settings) -> None:
-    """Every shard (label `node`) and queue's series, at 0 (statuses: the replies a drain
-    can count)."""
-    from tasks.restock.replies import ACTIONS, Action
+class RestockSeries:
+    """The restock wing's series, labelled by shard (`node`) and queue
+    (`record.on.of(RestockSeries)`)."""
 
-    statuses = [code for code, action in ACTIONS.items()
-                if action in (Action.RESTOCKED, Action.SKIPPED)]
-    for node in range(settings.restock_shards):
-        for queue in settings.restock_queue_names:
-            m.restock_dead_letters.labels(str(node), queue)
-            for status in statuses:
-                m.restocked.labels(str(node), queue, status)
+    def __init__(self, make: Any) -> None:
+        self.restocked = make.counter("restock_entries", "delay-queue entries settled, by status",
+                                      ["node", "queue", "status"])
+        self.restock_dead_letters = make.counter("restock_dead_letters", "entries dead-lettered",
+                                                 ["node", "queue"])
+
+    def zero(self, settings: Settings) -> None:
+        """Every shard (label `node`) and queue's series, at 0 (statuses: the replies a drain
+        can count)."""
+        from tasks.restock.replies import ACTIONS, Action
+
+        statuses = [code for code, action in ACTIONS.items()
+                    if action in (Action.RESTOCKED, Action.SKIPPED)]
+        section = restock_settings(settings)
+        for node in range(section.shards):
+            for queue in section.queue_names:
+                self.restock_dead_letters.labels(str(node), queue)
+                for status in statuses:
+                    self.restocked.labels(str(node), queue, status)

@@ -21,6 +21,7 @@ from typing import Any
 from lease import Leases
 from tasks.config.settings import Settings
 from tasks.restock.scripts import StockScripts
+from tasks.restock.settings import restock_settings
 from tasks.store.resources import Resources
 
 __all__ = ["StockNode", "close_shards", "connect_shards", "master_clients", "master_of",
@@ -81,11 +82,11 @@ def master_clients(settings: Settings, socket_timeout: float = 5.0) -> list[Any]
 
     timeouts: dict[str, Any] = {"socket_timeout": socket_timeout,
                                 "socket_connect_timeout": socket_timeout}
-    if settings.redis_cluster_nodes and not settings.restock_redis_urls:
+    if settings.redis_cluster_nodes and not restock_settings(settings).redis_urls:
         return [redis_client(settings.redis_url, cluster_nodes=settings.redis_cluster_nodes,
                              **timeouts)]
     return [redis_client(url, sentinel_master=settings.sentinel_master, **timeouts)
-            for url in settings.restock_nodes]
+            for url in restock_settings(settings).nodes(settings)]
 
 
 def close_shards(nodes: Sequence[StockNode]) -> None:
@@ -103,4 +104,4 @@ def close_shards(nodes: Sequence[StockNode]) -> None:
 def stock_nodes(res: Resources) -> list[StockNode]:
     """This process's stock shards for `res.settings`, shard 0 first."""
     return res.shared("stock_nodes", lambda settings: connect_shards(
-        master_clients(settings), settings.restock_shards))
+        master_clients(settings), restock_settings(settings).shards))

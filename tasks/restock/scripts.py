@@ -39,7 +39,6 @@ from typing import Any
 from redis.commands.core import Script
 
 from lease.scripts import load_lua, run_script
-from tasks.config.settings import Settings
 from tasks.restock.keys import (
     deduct_keys,
     discard_keys,
@@ -58,6 +57,7 @@ from tasks.restock.redolog import (
     parse_entry,
 )
 from tasks.restock.replies import ACTIONS, DUPLICATE, Action, UnexpectedReply, raise_for, reply_text
+from tasks.restock.settings import RestockSettings
 
 __all__ = [
     "DEDUCT",
@@ -86,8 +86,8 @@ REBUILD = load_lua("tasks.restock", "rebuild")
 
 # The settings' defaults (the seed's numbers: unpaid orders are restocked after 10 minutes; a
 # queue holding 100,000 entries stops syncing), in the units the scripts take.
-DEFAULT_DELAY_MS = round(Settings.restock_delay * 1000)
-DEFAULT_CAPACITY = Settings.restock_capacity
+DEFAULT_DELAY_MS = round(RestockSettings.delay * 1000)
+DEFAULT_CAPACITY = RestockSettings.capacity
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
 from tasks.restock.replies import InsufficientStock, NodeMaintaining, NodeStale, UnknownSku
 from tasks.restock.routing import Router
 from tasks.restock.scripts import Generation, StockScripts
+from tasks.restock.tables import ORDER_ITEMS, ORDERS, PAYMENTS, SKUS, ItemState
 from tasks.store.db import WRITE_INTENT, utcnow
-from tasks.store.models import ORDER_ITEMS, ORDERS, PAYMENTS, SKUS, ItemState
 from tasks.store.validate import quote
 
 __all__ = [

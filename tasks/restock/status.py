@@ -12,6 +12,7 @@ from rich.table import Table
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.deadletters.view import console_for
 from tasks.restock.drain import DEAD_LETTER_KIND
 from tasks.restock.keys import (
@@ -22,7 +23,6 @@ from tasks.restock.keys import (
     redo_key,
     term_key,
 )
-from tasks.store.models import DEAD_LETTERS
 
 __all__ = ["NodeView", "render_nodes", "restock_nodes", "nodes_table", "nodes_json"]
 

@@ -35,9 +35,11 @@ from tasks.observe.metrics import record
 from tasks.restock.dispatch import due_work
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
+from tasks.restock.metrics import RestockSeries
 from tasks.restock.nodes import StockNode, stock_nodes
 from tasks.restock.redolog import MAX_SKU_NUM
 from tasks.restock.routing import Router
+from tasks.restock.settings import restock_settings
 from tasks.restock.shop import OrderPending, Shop, StockUnavailable
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments, int_arg, quote, text_arg
@@ -46,6 +48,9 @@ from tasks.worker.retry import RetryPolicy
 
 __all__ = ["ID_MAX_LEN", "MAX_LINES", "define_sku", "drain", "inspect", "pay", "place_order",
            "rebuild", "router", "sync", "tick"]
+
+# The restock section of the app's settings (RESTOCK_*).
+restock = restock_settings(settings)
 
 log = logging.getLogger("tasks.restock")
 
@@ -59,7 +64,7 @@ NODE_WAIT = RetryPolicy(max_retries=8, initial_interval=0.5, max_interval=10.0,
 
 
 def router() -> Router:
-    return Router(shards=settings.restock_shards, queues=settings.restock_queue_names)
+    return Router(shards=restock.shards, queues=restock.queue_names)
 
 
 def _shop() -> Shop:
@@ -68,12 +73,12 @@ def _shop() -> Shop:
 
 
 def _node(shard: Any) -> StockNode:
-    index = int_arg("shard", shard, lo=0, hi=settings.restock_shards - 1)
+    index = int_arg("shard", shard, lo=0, hi=restock.shards - 1)
     return stock_nodes(resources_for(settings))[index]
 
 
 def _queue(queue: Any) -> str:
-    names = list(settings.restock_queue_names)
+    names = list(restock.queue_names)
     text_arg("queue", queue, max_len=64)
     if queue not in names:
         raise InvalidArguments(f"queue must be one of {names}, got {quote(queue)}")
@@ -101,8 +106,8 @@ def _lines(items: Any) -> list[list[Any]]:
 
 def _drainer(node: StockNode) -> Drainer:
     return Drainer(
-        resources_for(settings).sessions, node, batch=settings.restock_batch,
-        delay_ms=int(settings.restock_delay * 1000), capacity=settings.restock_capacity,
+        resources_for(settings).sessions, node, batch=restock.batch,
+        delay_ms=int(restock.delay * 1000), capacity=restock.capacity,
         lease_ttl=settings.lease_ttl, time_slice=min(60.0, settings.soft_time_limit / 2),
         max_attempts=settings.redelivery_cap,
     )
@@ -156,9 +161,10 @@ def drain(shard: int, queue: str) -> dict[str, Any]:
     report = _drainer(found).drain(_queue(queue))
     if record.on is not None:
         labels = (str(report.node), report.queue)
+        series = record.on.of(RestockSeries)
         for status, n in report.statuses.items():
-            record.on.restocked.labels(*labels, status).inc(n)
-        record.on.restock_dead_letters.labels(*labels).inc(report.dead_lettered)
+            series.restocked.labels(*labels, status).inc(n)
+        series.restock_dead_letters.labels(*labels).inc(report.dead_lettered)
     return report.as_dict()
 
 
@@ -169,8 +175,8 @@ def rebuild(shard: int, force: bool = False) -> dict[str, Any]:
     if not isinstance(force, bool):
         raise InvalidArguments(f"force must be true or false, got {quote(force)}")
     res = resources_for(settings)
-    rebuilder = Rebuilder(res.sessions, found, settings.restock_queue_names,
-                          every_ms=int(settings.maintenance_every * 1000),
+    rebuilder = Rebuilder(res.sessions, found, restock.queue_names,
+                          every_ms=int(restock.maintenance_every * 1000),
                           lease_ttl=settings.lease_ttl, max_attempts=settings.redelivery_cap)
     return rebuilder.rebuild(force=force).as_dict()
 
@@ -180,7 +186,7 @@ def tick() -> dict[str, Any]:
     """Beat's restock message: sync every shard, send drain and rebuild where due."""
     res = resources_for(settings)
     nodes = stock_nodes(res)
-    queues = settings.restock_queue_names
+    queues = restock.queue_names
     synced = 0
     for node in nodes:
         drainer = _drainer(node)
@@ -190,7 +196,7 @@ def tick() -> dict[str, Any]:
             log.warning("tick: shard %d not synced: %s", node.redis_id, exc)
     work = due_work(res.sessions, nodes, queues)
     for shard, queue in work.drains:
-        drain.apply_async((shard, queue), expires=max(settings.restock_interval, 1.0))
+        drain.apply_async((shard, queue), expires=max(restock.interval, 1.0))
     for shard in work.rebuilds:
-        rebuild.apply_async((shard,), expires=max(settings.restock_interval, 1.0))
+        rebuild.apply_async((shard,), expires=max(restock.interval, 1.0))
     return {"synced": synced, **work.as_dict()}

@@ -66,40 +66,48 @@ The modules, one concept each: `errors`, `signals`, `tables` (the journal's tabl
 `Base.metadata`), `registry` (the compensations), `runner` (rolling a journal back),
 `journals` (the `Journal` of this process's executions and their ownership), `sweeper`,
 `api` (the public functions and the process's journal), `tasks` (the Celery tasks, signal
-handlers and PlatformTask hooks; importing this package installs them).
+handlers and PlatformTask hooks; importing it installs them), `settings` (the wing's section),
+`wing` (what the wing brings to the platform), `public` (the names below).
+
+This face does no work when imported (the app imports `tasks.rollback.wing` while it is being
+built): the first name read from it (`from tasks.rollback import step`) imports `public`,
+which imports the wing whole, its tasks and hooks included, as importing the package did.
 """
 
 from __future__ import annotations
 
-from tasks.rollback.api import (
-    checkpoint,
-    journal,
-    rollback,
-    rollback_now,
-    set_journal,
-    settle,
-    step,
-)
-from tasks.rollback.errors import (
-    JournalBusy,
-    JournalLost,
-    NotInTask,
-    RollbackError,
-    UnknownCompensation,
-)
-from tasks.rollback.journals import Journal, rollback_on_retry
-from tasks.rollback.registry import compensation, compensations
-from tasks.rollback.runner import COMPENSATION_POLICY, RollbackReport, StepOutcome
-from tasks.rollback.signals import (
-    checkpoint_recorded,
-    rollback_finished,
-    rollback_started,
-    rollback_step_failed,
-    rollback_step_succeeded,
-)
-from tasks.rollback.sweeper import sweep
-from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
-from tasks.rollback.tasks import rollback_task, sweep_task
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.rollback.api import (
+        checkpoint,
+        journal,
+        rollback,
+        rollback_now,
+        set_journal,
+        settle,
+        step,
+    )
+    from tasks.rollback.errors import (
+        JournalBusy,
+        JournalLost,
+        NotInTask,
+        RollbackError,
+        UnknownCompensation,
+    )
+    from tasks.rollback.journals import Journal, rollback_on_retry
+    from tasks.rollback.registry import compensation, compensations
+    from tasks.rollback.runner import COMPENSATION_POLICY, RollbackReport, StepOutcome
+    from tasks.rollback.signals import (
+        checkpoint_recorded,
+        rollback_finished,
+        rollback_started,
+        rollback_step_failed,
+        rollback_step_succeeded,
+    )
+    from tasks.rollback.sweeper import sweep
+    from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
+    from tasks.rollback.tasks import rollback_task, sweep_task
 
 __all__ = [
     "COMPENSATION_POLICY",
@@ -134,3 +142,11 @@ __all__ = [
     "sweep",
     "sweep_task",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from tasks.rollback import public
+
+    return getattr(public, name)

@@ -36,6 +36,7 @@ from tasks.rollback.runner import (
     RollbackReport,
     RollbackRunner,
 )
+from tasks.rollback.settings import rollback_settings
 from tasks.rollback.signals import checkpoint_recorded
 from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 from tasks.store.db import WRITE_INTENT, affected, utcnow
@@ -49,7 +50,7 @@ log = logging.getLogger("tasks.rollback")
 # starts from a clean slate. False: the journal is handed over to the next attempt and only
 # the final outcome decides (rolled back on final failure, deleted on success).
 # ROLLBACK_ON_RETRY, read once by the settings.
-rollback_on_retry: bool = settings.rollback_on_retry
+rollback_on_retry: bool = rollback_settings(settings).on_retry
 
 # What a new owner rolls back when it opens a journal a dead execution left behind.
 _LEFT = (*JournalState.PENDING, JournalState.COMPENSATING)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks.deadletters.store import DeadLetters
 from tasks.observe.metrics import record
 from tasks.rollback.errors import UnknownCompensation
+from tasks.rollback.metrics import RollbackSeries
 from tasks.rollback.registry import resolve
 from tasks.rollback.signals import (
     rollback_finished,
@@ -138,7 +139,7 @@ class RollbackRunner:
         outcomes, handed_over = self._walk(task_id, sender, steps, ownership, adopt)
         report = RollbackReport(task_id, reason, tuple(outcomes), handed_over)
         if record.on is not None:
-            steps_metric = record.on.rollback_steps
+            steps_metric = record.on.of(RollbackSeries).rollback_steps
             steps_metric.labels("compensated").inc(len(report.compensated))
             steps_metric.labels("failed").inc(len(report.dead))
         log.info("rollback of %s (%s): compensated %s, dead %s%s", task_id, reason,

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease.keys import lease_key
 from tasks.observe.metrics import record
 from tasks.rollback.keys import handover_key, journal_lease_name
+from tasks.rollback.metrics import RollbackSeries
 from tasks.rollback.runner import (
     COMPENSATION_POLICY,
     STUCK_AFTER,
@@ -185,7 +186,7 @@ class Sweeper:
         """Roll back every journal whose owner is gone; return how many rollbacks ran a step."""
         rolled = 0
         if record.on is not None:
-            record.on.rollback_sweeps.inc()
+            record.on.of(RollbackSeries).rollback_sweeps.inc()
         for c in self.orphans(redis_client):
             report = self._roll(c, "sweeper: the journal's owner is gone")
             rolled += bool(report is not None and report.steps)

@@ -12,8 +12,8 @@
     a worker becomes ready           -> a `tasks.rollback.sweep` task (beat sends one every
                                         few seconds too)
 
-Importing this module installs the hooks and connects the handlers; `tasks.rollback` imports
-it, and Celery imports `tasks.rollback` (tasks.celery.TASK_MODULES).
+Importing this module installs the hooks and connects the handlers; `tasks.rollback.public`
+imports it, and Celery imports it (the wing's task module, tasks/rollback/wing.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tasks.celery import app, settings
 from tasks.rollback.api import current, journal, rollback, rollback_now, settle
 from tasks.rollback.errors import JournalLost
 from tasks.rollback.journals import carries_over, rollback_on_retry
+from tasks.rollback.settings import rollback_settings
 from tasks.rollback.sweeper import Sweeper, TakeBack, sweep
 from tasks.store.db import utcnow
 from tasks.store.resources import resources_for
@@ -56,7 +57,7 @@ install_hooks(HOOKS)
 def sweep_task() -> int:
     """Beat runs this every few seconds; a worker also sends one when it becomes ready."""
     res = resources_for(settings)
-    return sweep(res.sessions, res.redis, retention=settings.journal_retention)
+    return sweep(res.sessions, res.redis, retention=rollback_settings(settings).journal_retention)
 
 
 @app.task(name="tasks.rollback.rollback", bind=True, soft_time_limit=240, time_limit=300,

@@ -37,6 +37,8 @@ from celery import Task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from celery.utils.quorum_queues import detect_quorum_queues
 
+from tasks.config.settings import settings_of
+from tasks.deadletters.kinds import TASK_KIND
 from tasks.observe.metrics import record
 from tasks.worker.keys import deliveries_key
 from tasks.worker.retry import RetryPolicy, decide
@@ -134,10 +136,10 @@ class PlatformTask(Task):  # type: ignore[misc]
         return float(max(1, math.ceil(countdown)))
 
     def _count_delivery(self, task_id: str, args: Any, kwargs: Any) -> None:
-        from tasks.celery import settings
         from tasks.deadletters.store import DeadLetters
         from tasks.store.resources import resources_for
 
+        settings = settings_of(self.app)
         res = resources_for(settings)
         key = deliveries_key(task_id)
         with res.redis.pipeline() as pipe:
@@ -151,7 +153,7 @@ class PlatformTask(Task):  # type: ignore[misc]
             return
         reason = (f"delivered {deliveries} times (REDELIVERY_CAP={settings.redelivery_cap}): "
                   "the message keeps killing its worker")
-        DeadLetters(res.sessions).add("task", task_id, reason,
+        DeadLetters(res.sessions).add(TASK_KIND, task_id, reason,
                                       {"task": self.name, "args": args, "kwargs": kwargs})
         if record.on is not None:
             record.on.task_capped.labels(self.name).inc()

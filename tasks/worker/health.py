@@ -11,7 +11,8 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from tasks.celery import app, settings
+from tasks.celery import app
+from tasks.config.settings import settings_of
 from tasks.deadletters.store import DeadLetters
 from tasks.store.resources import resources_for
 
@@ -21,7 +22,7 @@ __all__ = ["ping", "prune_dead_letters"]
 @app.task(name="tasks.health.ping")
 def ping() -> dict[str, Any]:
     """Report that a worker runs, and whether it reaches Redis and the database."""
-    res = resources_for(settings)
+    res = resources_for(settings_of(app))
     report: dict[str, Any] = {"worker": socket.gethostname(), "pid": os.getpid()}
     try:
         report["redis"] = "ok" if res.redis.ping() else "no answer"
@@ -43,4 +44,5 @@ def prune_dead_letters() -> int:
 
     Idempotent: a duplicate or concurrent run deletes what is left, or nothing.
     """
+    settings = settings_of(app)
     return DeadLetters(resources_for(settings).sessions).prune(settings.dead_letter_retention)

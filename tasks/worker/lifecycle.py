@@ -53,7 +53,7 @@ def _setup_metrics(sender: Any, role: str) -> None:
     settings = getattr(app, "platform_settings", None)
     if settings is not None:  # a PlatformCelery app (tasks.celery)
         names = [name for name in app.tasks if not name.startswith("celery.")]
-        metrics.setup(settings, role, names)
+        metrics.setup(settings, role, names, getattr(app, "platform_wings", ()))
         if role == "beat":
             tracing.setup(settings)
 

@@ -45,7 +45,8 @@ from celery.app.amqp import AMQP
 from celery.worker.strategy import default as default_strategy
 from kombu.utils.json import dumps
 
-from tasks.config.settings import load_settings
+from tasks.config.settings import settings_of
+from tasks.deadletters.kinds import OVERSIZED_KIND
 from tasks.deadletters.store import DeadLetters
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments, quote
@@ -63,9 +64,6 @@ TRACEBACK_KEEP = 4096
 
 # A log line (and each line of a logged traceback) is cut to this many characters.
 LOG_LINE_LIMIT = 2000
-
-# Dead-letter kind of a message refused on receipt for its size.
-OVERSIZED_KIND = "oversized-message"
 
 
 # kombu's compressions (its names and aliases) that a worker inflates, each with a streaming
@@ -235,7 +233,7 @@ def _refuse(name: str, backend: Any, app: Any, message: Any, error: MessageTooLa
     try:
         # The app's settings (PlatformCelery carries them): limits is imported by the app, so it
         # never imports the app back.
-        settings = getattr(app, "platform_settings", None) or load_settings()
+        settings = settings_of(app)
         DeadLetters(resources_for(settings).sessions).add(
             OVERSIZED_KIND, task_id or name, str(error),
             {"task": name, **facts, "prefix": quote(prefix)})

@@ -1,49 +1,36 @@
-"""What beat emits, and how often."""
+"""What beat emits, and how often: the core's dead-letter prune and every wing's entries
+(`Wing.beat`), so this module names no wing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["beat_schedule", "PRUNE_INTERVAL"]
+from tasks.config.settings import Settings
+from tasks.wing import BeatEntry, Wing, each
+
+__all__ = ["beat_schedule", "entry", "PRUNE_INTERVAL"]
 
 # Seconds between dead-letter prunes (DEAD_LETTER_RETENTION is days; an hour late is nothing).
 PRUNE_INTERVAL = 3600.0
 
 
-def beat_schedule(
-    reconcile_interval: float, restock_interval: float = 5.0,
-    prune_interval: float = PRUNE_INTERVAL,
-) -> dict[str, dict[str, Any]]:
-    """The periodic tasks. A periodic message that waited a whole interval is stale: the next
-    one supersedes it, so it expires instead of piling up behind busy workers.
+def entry(task: str, every: float, min_expires: float = 1.0) -> dict[str, Any]:
+    """One periodic task. A periodic message that waited a whole interval is stale: the next
+    one supersedes it, so it expires instead of piling up behind busy workers."""
+    return {"task": task, "schedule": every, "options": {"expires": max(every, min_expires)}}
 
-    Restock: one tick per interval, whatever the number of shards; the tick syncs every shard
-    and sends a drain per shard queue with due entries and a rebuild per shard whose
-    maintenance window is due (tasks.restock.dispatch). Each is idempotent and guarded by the
-    shard's scripts and leases, so a duplicate message changes nothing.
-    """
-    expires = {"expires": max(reconcile_interval, 1.0)}
-    return {
-        "reconcile-range-jobs": {
-            "task": "tasks.ranges.reconcile",
-            "schedule": reconcile_interval,
-            "options": expires,
-        },
-        # Rolls back executions whose journal lease lapsed (hard limit, SIGKILL).
-        "rollback-sweep": {
-            "task": "tasks.rollback.sweep",
-            "schedule": reconcile_interval,
-            "options": expires,
-        },
-        # Deletes dead letters older than DEAD_LETTER_RETENTION.
-        "prune-dead-letters": {
-            "task": "tasks.health.prune_dead_letters",
-            "schedule": prune_interval,
-            "options": {"expires": prune_interval},
-        },
-        "restock-tick": {
-            "task": "tasks.restock.tick",
-            "schedule": restock_interval,
-            "options": {"expires": max(restock_interval, 1.0)},
-        },
-    }
+
+def beat_schedule(settings: Settings, wings: Iterable[Wing],
+                  prune_interval: float = PRUNE_INTERVAL) -> dict[str, dict[str, Any]]:
+    """The periodic tasks: every wing's entries, and the core's prune of dead letters older
+    than DEAD_LETTER_RETENTION. Two entries of one name are refused (two owners)."""
+    found: dict[str, dict[str, Any]] = {}
+    beats: list[BeatEntry] = each(wings, "beat")
+    for one in beats:
+        if one.name in found:
+            raise ValueError(f"beat entry {one.name!r} is declared twice")
+        found[one.name] = entry(one.task, one.every(settings), one.min_expires)
+    found["prune-dead-letters"] = entry("tasks.health.prune_dead_letters", prune_interval,
+                                        prune_interval)
+    return found

@@ -9,8 +9,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from tasks.store.models import CmData, WorkItem
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.tables import WorkItem
+from tasks.store.models import CmData
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     CELERY,

@@ -13,8 +13,9 @@ from sqlalchemy import Engine, func, select
 
 from lease.keys import lease_key
 from tasks.ranges.keys import range_lease_name
-from tasks.store.models import RANGE_RUN_EVENTS, RANGE_RUNS, CmData
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.store.models import CmData
 from tests import SAMPLE_MODULES
 from tests.ranges.cluster import Platform
 from tests.support.workers import ROOT

@@ -36,8 +36,9 @@ from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import Round, activate, reconcile_job
 from tasks.ranges.runner import PartitionRunner
+from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, WORK
 from tasks.store.db import utcnow
-from tasks.store.models import CM_DATA, RANGE_RUNS, SCHEDULES, WORK, Base
+from tasks.store.models import CM_DATA, Base
 
 __all__ = ["Env", "step", "FakeClock", "Budget", "Crash", "crashing", "Paused", "Work", "Data",
            "reset", "work_rows", "data_rows", "run_state", "expire", "watch_reads",

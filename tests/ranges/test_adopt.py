@@ -21,8 +21,8 @@ from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.keys import range_control_key, range_orphans_key
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import Outcome
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import WorkRow
-from tasks.store.models import PartitionStatus as S
 from tests.ranges.test_runner import counts, plan, runner, small, work
 
 ORPHANS = range_orphans_key("cm_data")

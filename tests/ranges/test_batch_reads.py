@@ -22,7 +22,8 @@ from tasks.ranges import batches
 from tasks.ranges.batches import Batches, BatchRows
 from tasks.ranges.jobs import Context
 from tasks.ranges.runner import Outcome
-from tasks.store.models import CM_DATA, WORK
+from tasks.ranges.tables import WORK
+from tasks.store.models import CM_DATA
 from tests.ranges.test_guarantees import add_row, round_now
 from tests.ranges.test_runner import counts, plan, runner, small, work
 

@@ -17,8 +17,8 @@ from celery import Celery
 from sqlalchemy import Engine, func, select
 
 from tasks.examples.seed import seed_cm_data
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.models import CmData
-from tasks.store.models import PartitionStatus as S
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import control_platform
 from tests.support.workers import celery_call, wait_until

@@ -22,8 +22,9 @@ from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.reconciler import reconcile_job
 from tasks.ranges.runner import Outcome
-from tasks.store.models import CM_DATA, RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.store.models import CM_DATA
 from tests.ranges.test_guarantees import add_row
 from tests.ranges.test_runner import counts, runner, small, work
 

@@ -21,8 +21,8 @@ from tasks.examples.seed import seed_cm_data
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.keys import range_control_key
 from tasks.ranges.runs import change_state, current_run
-from tasks.store.models import PartitionStatus as S
-from tasks.store.models import RunState
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.tables import RunState
 from tasks.store.validate import InvalidArguments
 from tests.ranges.cluster import DATA, Platform
 from tests.ranges.control_support import (

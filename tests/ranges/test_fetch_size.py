@@ -19,8 +19,8 @@ from tasks.examples.cm_data import cm_data, mark_processed
 from tasks.examples.seed import seed_cm_data
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.runner import Outcome
-from tasks.store.models import WORK
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import WORK
+from tasks.ranges.tables import PartitionStatus as S
 from tests.ranges.test_runner import counts, plan, runner, work
 from tests.ranges.test_skips import BadRow, letters, picky, processed
 

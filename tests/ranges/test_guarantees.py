@@ -26,8 +26,9 @@ from tasks.examples.seed import seed_cm_data
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import DEAD_LETTER_KIND, Outcome
-from tasks.store.models import CM_DATA, WORK
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import WORK
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.store.models import CM_DATA
 from tests.ranges.test_runner import counts, plan, runner, small, work
 
 

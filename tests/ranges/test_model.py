@@ -43,8 +43,8 @@ from lease.keeper import Keeper
 from tasks.examples.cm_data import cm_data
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.runner import Outcome, PartitionRunner
-from tasks.store.models import PartitionStatus as S
-from tasks.store.models import RunState
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.tables import RunState
 from tests.ranges import model_support as support
 
 JOB = dataclasses.replace(cm_data, partition_size=20, batch_size=4, parallelism=1,

@@ -25,9 +25,10 @@ from tasks.ranges.jobs import RangeJob, register
 from tasks.ranges.keys import range_orphans_key, range_outage_key
 from tasks.ranges.reconciler import active_jobs, repair_inactive
 from tasks.ranges.runner import Outcome
+from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, RunState
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import WorkRow
-from tasks.store.models import CM_DATA, RANGE_RUNS, SCHEDULES, RunState
-from tasks.store.models import PartitionStatus as S
+from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 from tests.ranges.test_closing import round_now, start
 from tests.ranges.test_runner import counts, plan, runner, small, work

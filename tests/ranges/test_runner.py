@@ -20,8 +20,9 @@ from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import FencedOut, Outcome, PartitionRunner, UnknownPartition
-from tasks.store.models import CmData, WorkItem
-from tasks.store.models import PartitionStatus as S
+from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.tables import WorkItem
+from tasks.store.models import CmData
 
 DATA = CmData.__table__
 WORK = WorkItem.__table__

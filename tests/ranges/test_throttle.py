@@ -23,8 +23,8 @@ from tasks.ranges.controls import Controls
 from tasks.ranges.gate import BACKOFF_CAP, Gate
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import range_control_key
+from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.models import CM_DATA, CmData
-from tasks.store.models import PartitionStatus as S
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import (
     control_platform,

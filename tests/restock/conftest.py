@@ -13,14 +13,14 @@ import redis
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.config.settings import Settings
 from tasks.restock.drain import Drainer
 from tasks.restock.keys import deducted_key, stock_key
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode, close_shards, connect_shards
 from tasks.restock.routing import Router
+from tasks.restock.settings import RestockSettings
 from tasks.restock.shop import Shop
-from tasks.store.models import ORDER_ITEMS, SKUS, ItemState
+from tasks.restock.tables import ORDER_ITEMS, SKUS, ItemState
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer
 
@@ -63,8 +63,8 @@ class World:
     rebuilders: list[Rebuilder] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        # The queue names by the platform's one rule (Settings.restock_queue_names).
-        queues = Settings(restock_queues=QUEUES).restock_queue_names
+        # The queue names by the platform's one rule (RestockSettings.queue_names).
+        queues = RestockSettings(queues=QUEUES).queue_names
         self.router = Router(shards=self.shards or len(self.servers), queues=queues)
         self.connect()
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import sessionmaker
 
 from tasks.deadletters.store import DeadLetters
 from tasks.restock.keys import attempts_key, delay_key, shard_tag
-from tasks.store.models import ORDER_ITEMS, ItemState
+from tasks.restock.tables import ORDER_ITEMS, ItemState
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.redis_cluster import Cluster, redis_cluster
 

@@ -31,7 +31,7 @@ from tasks.restock.shop import (
     StockUnavailable,
     UnknownOrder,
 )
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tasks.store.resources import make_engine
 from tests.restock.conftest import DELAY_MS, World
 

@@ -27,7 +27,7 @@ from tasks.restock.keys import (
 from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND, Rebuilder, RebuildOutcome
 from tasks.restock.nodes import StockNode
 from tasks.restock.shop import Shop, StockUnavailable
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.workers import ROOT, platform_env
 

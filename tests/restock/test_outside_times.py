@@ -16,7 +16,7 @@ import redis
 from tasks.restock.keys import delay_key, redo_cursor_key, redo_key, stock_key
 from tasks.restock.redolog import format_entry, parse_entry
 from tasks.restock.scripts import StockScripts
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.redis_server import RedisServer
 

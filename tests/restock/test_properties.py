@@ -26,6 +26,7 @@ from sqlalchemy.orm import sessionmaker
 
 from lease import Leases
 from tasks.deadletters.store import DeadLetters
+from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.restock.keys import (
     delay_key,
     maintenance_lease_name,
@@ -34,15 +35,7 @@ from tasks.restock.keys import (
     shard_tag,
 )
 from tasks.restock.shop import OrderError, OrderExpired, OrderPending, StockUnavailable
-from tasks.store.models import (
-    DEAD_LETTERS,
-    ORDER_ITEMS,
-    ORDERS,
-    PAYMENTS,
-    RESTOCK_NODES,
-    SKUS,
-    ItemState,
-)
+from tasks.restock.tables import ORDER_ITEMS, ORDERS, PAYMENTS, RESTOCK_NODES, SKUS, ItemState
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.db import fresh_database
 from tests.support.redis_cluster import Cluster, redis_cluster

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from tasks.restock.maintenance import Rebuilder, RebuildOutcome
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tests.restock.conftest import World
 
 SQLITE = pytest.mark.parametrize("db_kind", ["sqlite"])

@@ -21,7 +21,7 @@ import redis
 from tasks.restock.maintenance import RebuildOutcome
 from tasks.restock.scripts import Deduction, StockScripts
 from tasks.restock.shop import OrderError, OrderPending, Shop, StockUnavailable
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tests.restock.conftest import World
 
 EVERY_DATABASE = pytest.mark.parametrize("db_kind", ["sqlite", "postgresql", "mariadb"])

@@ -19,7 +19,7 @@ from tasks.restock.keys import attempts_key, delay_key, drain_lock_key, offsets_
 from tasks.restock.redolog import RedoEntry, parse_entry
 from tasks.restock.replies import FAILED, SUCCESS, Action
 from tasks.restock.scripts import StockScripts
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.redis_server import RedisServer
 

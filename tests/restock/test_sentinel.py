@@ -17,7 +17,7 @@ from sqlalchemy.orm import sessionmaker
 from tasks.deadletters.store import DeadLetters
 from tasks.restock.maintenance import RebuildOutcome
 from tasks.restock.shop import StockUnavailable
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tests.restock.conftest import DELAY_MS, FakeClockMs, World
 from tests.support.redis_sentinel import SentinelGroup, sentinel_group
 from tests.support.workers import wait_until

@@ -10,10 +10,12 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from tasks.config.settings import SettingsError, load_settings
+from tasks.config.settings import SettingsError
 from tasks.restock.keys import deduct_keys, rebuild_keys, restock_keys, shard_tag, sync_keys
 from tasks.restock.nodes import close_shards, connect_shards, master_of
 from tasks.restock.routing import Router, shard_of
+from tasks.restock.settings import restock_settings
+from tasks.wings import WINGS, load_settings
 from tasks.worker.schedule import beat_schedule
 
 # Pinned: a SKU's shard must never change for a given shard count (its stock, entries and
@@ -60,10 +62,11 @@ def test_shards_are_spread_over_the_masters_and_share_their_clients() -> None:
 
 
 def test_restock_shards_setting_and_one_beat_message_per_tick() -> None:
-    assert load_settings({}).restock_shards == 16
-    assert load_settings({"RESTOCK_SHARDS": "64"}).restock_shards == 64
+    assert restock_settings(load_settings({})).shards == 16
+    assert restock_settings(load_settings({"RESTOCK_SHARDS": "64"})).shards == 64
     with pytest.raises(SettingsError, match="RESTOCK_SHARDS"):
         load_settings({"RESTOCK_SHARDS": "0"})
-    restock = [e for e in beat_schedule(5.0, 0.5).values() if "restock" in e["task"]]
+    schedule = beat_schedule(load_settings({"RESTOCK_INTERVAL": "0.5"}), WINGS)
+    restock = [e for e in schedule.values() if "restock" in e["task"]]
     assert restock == [{"task": "tasks.restock.tick", "schedule": 0.5,
                         "options": {"expires": 1.0}}]

@@ -17,7 +17,7 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from tasks.restock.drain import DrainOutcome
-from tasks.store.models import ItemState
+from tasks.restock.tables import ItemState
 from tests.restock.conftest import DELAY_MS, World
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (

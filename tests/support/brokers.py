@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from celery import Celery
 
 from tasks.celery import amqp_options, configure, is_amqp
-from tasks.config.settings import load_settings
+from tasks.wings import load_settings
 
 __all__ = ["AMQP_HOST", "platform_client", "rabbitmq_missing", "rabbit_vhost"]
 

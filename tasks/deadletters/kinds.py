@@ -1,0 +1,56 @@
+"""The kinds of dead letter and what to do with each that cannot be replayed (the hint the CLI
+and the console show when a replay is refused).
+
+The core's own kinds are declared here; each wing declares its kinds in its `wing.py`, and
+the composition root (`tasks.celery`) registers them at start, so this room names no wing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["DeadLetterKind", "TASK_KIND", "OVERSIZED_KIND", "CORE_KINDS", "register", "hint",
+           "kinds"]
+
+# A message that came back more often than REDELIVERY_CAP (tasks.worker.base); replayable.
+TASK_KIND = "task"
+# A message larger than MAX_MESSAGE_BYTES (tasks.worker.limits); only its head is kept.
+OVERSIZED_KIND = "oversized-message"
+
+
+@dataclass(frozen=True)
+class DeadLetterKind:
+    """A kind of dead letter (`dead_letters.kind`) and what to do instead of a replay ('' when
+    its letters keep a task to send again)."""
+
+    name: str
+    hint: str = ""
+
+
+CORE_KINDS = (
+    DeadLetterKind(TASK_KIND),
+    DeadLetterKind(OVERSIZED_KIND,
+                   "only the first bytes of the message were kept; send a smaller one"),
+)
+
+_registry: dict[str, DeadLetterKind] = {kind.name: kind for kind in CORE_KINDS}
+
+
+def register(found: Iterable[DeadLetterKind]) -> None:
+    """Add kinds; a name already registered with another hint is refused (two owners)."""
+    for kind in found:
+        known = _registry.setdefault(kind.name, kind)
+        if known != kind:
+            raise ValueError(f"dead-letter kind {kind.name!r} is declared twice")
+
+
+def hint(kind: str) -> str:
+    """What to do with a letter of `kind` instead of a replay ('' when none is known)."""
+    found = _registry.get(kind)
+    return found.hint if found is not None else ""
+
+
+def kinds() -> dict[str, DeadLetterKind]:
+    """Every registered kind by name."""
+    return dict(_registry)

@@ -1,0 +1,39 @@
+"""The range wing's settings section: RANGE_SLICE, RANGE_SETTLE and RANGES_QUEUE."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tasks.config import envparse
+from tasks.config.settings import Section, Settings, SettingsError, setting
+
+__all__ = ["RangeSettings", "range_settings"]
+
+
+@dataclass(frozen=True)
+class RangeSettings(Section):
+    """What range jobs read from the environment (RANGE_ + the field's name). Seconds."""
+
+    ENV_PREFIX: ClassVar[str] = "RANGE_"
+
+    # A partition task hands its partition back after this long, to stay within time limits.
+    slice: float = setting(300.0, envparse.positive(float))
+    # A finished partition is checked once more for rows committed late (a transaction that
+    # was open across its closing read) this long after it finished.
+    settle: float = setting(60.0, envparse.positive(float))
+    # The Celery queue of partitions (tasks.ranges.run_partition); controls go to the core's
+    # CONTROL_QUEUE.
+    queue: str = setting("ranges", envparse.queue, env="RANGES_QUEUE")
+
+    def check(self, settings: Settings) -> None:
+        if self.slice >= settings.soft_time_limit:
+            raise SettingsError(
+                f"RANGE_SLICE ({self.slice:g}) must be below SOFT_TIME_LIMIT "
+                f"({settings.soft_time_limit:g})"
+            )
+
+
+def range_settings(settings: Settings) -> RangeSettings:
+    """The range section of `settings`."""
+    return settings.section(RangeSettings)

@@ -1,0 +1,165 @@
+"""The range wing's tables, on the shared `tasks.store.models.Base.metadata`:
+
+    work_items, schedules           range jobs (partitions and their reconcile rounds)
+    range_runs, range_run_events    range jobs' runs and who asked for each control (issue 11)
+
+Migrations 0001, 0005, 0011 and 0012 create them, never `create_all`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import cast
+
+from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Table, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from tasks.store.db import utcnow
+from tasks.store.models import Base
+
+__all__ = ["PartitionStatus", "WorkItem", "Schedule", "RunState", "RangeRun", "RangeRunEvent",
+           "WORK", "SCHEDULES", "RANGE_RUNS", "RANGE_RUN_EVENTS"]
+
+
+class PartitionStatus:
+    """The states of a unit of work. Finished states are never dispatched again."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    EMPTY = "empty"
+    FAILED = "failed"
+    # Stopped by `tasks.ranges.pause` or `cancel` at a batch boundary; never dispatched while
+    # so (resume sets it back to pending). Neither open nor finished.
+    PAUSED = "paused"
+
+    FINISHED = (DONE, EMPTY, FAILED)
+    OPEN = (PENDING, RUNNING)
+
+
+class WorkItem(Base):
+    """One unit of long-running work: here, one id-range partition of a range job.
+
+    `fence` is the fencing token of the lease holder that last claimed the row; every write
+    made under a lease is guarded by `fence = :mine`, so a paused ex-holder can write nothing.
+    `lo`/`hi` are fixed when the partition is planned and never recomputed. `next_id` is the
+    keyset cursor of the current pass; a partition is done only after a closing read of
+    `lo..hi` with the job's filter found nothing (README: which rows a run processes).
+    `crashes` counts consecutive claims that ended without the holder releasing the row or
+    committing a batch; `settled_at` is no longer written (the closing round replaced the
+    per-partition late-commit check; the column stays for old rows).
+    """
+
+    __tablename__ = "work_items"
+    # The index on status answers "is any partition of the job still open?" without reading
+    # every finished one (a holder asks it as it finishes; migration 0012).
+    __table_args__ = (UniqueConstraint("kind", "job", "part", name="uq_work_items_job_part"),
+                      Index("ix_work_items_job_status", "kind", "job", "status"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32), default="range")
+    job: Mapped[str] = mapped_column(String(128))
+    part: Mapped[int] = mapped_column(Integer)
+    lo: Mapped[int] = mapped_column(BigInteger)
+    hi: Mapped[int] = mapped_column(BigInteger)
+    next_id: Mapped[int] = mapped_column(BigInteger)
+    fence: Mapped[int] = mapped_column(BigInteger, default=0)
+    status: Mapped[str] = mapped_column(String(16), default=PartitionStatus.PENDING)
+    owner: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    claims: Mapped[int] = mapped_column(Integer, default=0)
+    rows_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # Rows per second of the current or last run, measured by the worker.
+    rate: Mapped[float] = mapped_column(default=0.0)
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    settled_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # Set while the holder waits for the job's throttle (rows/s cap or `throttle_on`) before
+    # its next batch; cleared by the next checkpoint (migration 0011).
+    throttled_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class Schedule(Base):
+    """A periodic round (the reconciler's, per job) guarded by a term compare-and-set.
+
+    A round runs only after `UPDATE ... SET term = term + 1 WHERE name = :n AND term = :seen`
+    matched a row and `next_run_at` has passed, so two beats never run one round twice.
+    """
+
+    __tablename__ = "schedules"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    term: Mapped[int] = mapped_column(BigInteger, default=0)
+    next_run_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    active: Mapped[bool] = mapped_column(default=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # When the job's last closing read began (tasks.ranges.closing; migration 0012).
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # The highest fence of partitions a re-plan deleted (a start after cancel): new ones are
+    # planned with it, so a holder of the old plan is fenced out even if Redis lost its
+    # fence counters (migration 0012).
+    fence_floor: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class RunState:
+    """The states of a range job's run. Running, paused and following runs are live; the
+    others ended. `following`: a `follow` job's run that caught up; it goes on processing rows
+    that come to match until it is cancelled (tasks.ranges.closing)."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    FOLLOWING = "following"
+    CANCELLED = "cancelled"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    LIVE = (RUNNING, PAUSED, FOLLOWING)
+    ENDED = (CANCELLED, SUCCEEDED, FAILED)
+
+
+class RangeRun(Base):
+    """One run of a range job, from `tasks.ranges.start` until every partition finished
+    (succeeded, or failed if one failed) or it was cancelled (`tasks.ranges.runs`).
+
+    `rows_base` is the job's `work_items.rows_done` total when the run opened, so `rows` (set
+    when the run ends) counts this run's rows only. `rows_per_s` is the throttle in force
+    (None: none); the source of truth the reconciler copies to Redis each round.
+    """
+
+    __tablename__ = "range_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(String(128), index=True)
+    state: Mapped[str] = mapped_column(String(16), default=RunState.RUNNING)
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    rows_base: Mapped[int] = mapped_column(BigInteger, default=0)
+    rows_per_s: Mapped[float | None] = mapped_column(nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RangeRunEvent(Base):
+    """The audit of a run: which verb (start, pause, resume, cancel, retry-failed, throttle,
+    and the reconciler's succeeded/failed/reopened), asked by whom (`user@host` of the CLI,
+    `task:ID` of a Celery task, `reconciler`), when, with what detail."""
+
+    __tablename__ = "range_run_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(Integer, index=True)
+    job: Mapped[str] = mapped_column(String(128))
+    verb: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(255))
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+# The tables, for compare-and-set UPDATEs and bulk reads.
+WORK = cast(Table, WorkItem.__table__)
+SCHEDULES = cast(Table, Schedule.__table__)
+RANGE_RUNS = cast(Table, RangeRun.__table__)
+RANGE_RUN_EVENTS = cast(Table, RangeRunEvent.__table__)
