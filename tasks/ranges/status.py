@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.deadletters.view import console_for
+from tasks.ranges.workrow import every_partition
 from tasks.store.db import utcnow
 from tasks.store.models import WORK, PartitionStatus
 
@@ -91,7 +92,7 @@ class JobSummary:
 
 
 def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[PartitionView]:
-    query = select(WORK).where(WORK.c.kind == "range").order_by(WORK.c.job, WORK.c.part)
+    query = select(WORK).where(every_partition()).order_by(WORK.c.job, WORK.c.part)
     if job is not None:
         query = query.where(WORK.c.job == job)
     with sessions() as session:

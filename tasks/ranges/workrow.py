@@ -17,7 +17,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Update, and_, bindparam, case, select, update
+from sqlalchemy import ColumnElement, Connection, Update, and_, bindparam, case, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,12 +28,25 @@ from tasks.store.db import affected, utcnow
 from tasks.store.models import WORK
 from tasks.store.models import PartitionStatus as S
 
-__all__ = ["WorkRow", "DEAD_LETTER_KIND"]
+__all__ = ["WorkRow", "DEAD_LETTER_KIND", "RANGE_KIND", "partitions_of", "every_partition"]
 
 log = logging.getLogger("tasks.ranges")
 
 # Dead letters of partitions that kept killing their worker.
 DEAD_LETTER_KIND = "range-partition"
+
+# `work_items.kind` of a range job's partitions (the table's default; a stored value).
+RANGE_KIND = "range"
+
+
+def every_partition() -> ColumnElement[bool]:
+    """The WHERE clause of every range job's partitions in `work_items`."""
+    return WORK.c.kind == RANGE_KIND
+
+
+def partitions_of(job: str) -> ColumnElement[bool]:
+    """The WHERE clause of the partitions of range job `job` in `work_items`."""
+    return and_(WORK.c.kind == RANGE_KIND, WORK.c.job == job)
 
 
 class WorkRow:
@@ -43,7 +56,7 @@ class WorkRow:
                  owner: str) -> None:
         self.job, self.part = job, part
         self.sessions, self.owner = sessions, owner
-        self._where = (WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.part == part)
+        self._where = (partitions_of(job.name), WORK.c.part == part)
 
     def load(self) -> Any:
         """The row as stored; `UnknownPartition` if the reconciler never planned it."""
