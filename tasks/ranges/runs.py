@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.ranges.keys import range_control_key, range_lease_name, range_schedule_name
-from tasks.ranges.workrow import partitions_of
+from tasks.ranges.workrow import park_idle, partitions_of
 from tasks.store.db import WRITE_INTENT, affected, utcnow
 from tasks.store.models import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.store.models import PartitionStatus as S
@@ -203,10 +203,7 @@ def park_unleased(sessions: sessionmaker[Session], client: Any, job: str) -> int
     parked = 0
     with writing(sessions) as session:
         for r in idle:
-            parked += affected(session.execute(update(WORK).where(
-                partitions_of(job), WORK.c.part == r.part,
-                WORK.c.fence == r.fence, WORK.c.status == r.status)
-                .values(status=S.PAUSED, owner=None, throttled_until=None)))
+            parked += park_idle(session, job, r.part, r.fence, r.status)
     return parked
 
 
