@@ -40,7 +40,6 @@ __all__ = [
     "discard_keys",
     "drain_lease_name",
     "drain_lock_key",
-    "due_keys",
     "maintaining_key",
     "maintenance_lease_name",
     "meta_key",
@@ -223,11 +222,6 @@ def deduct_keys(redis_id: int, queue: str) -> list[str]:
     """Every key deduct.lua touches, in its KEYS order."""
     return [stock_key(redis_id), deducted_key(redis_id), redo_key(redis_id, queue),
             term_key(redis_id), offset_key(redis_id), maintaining_key(redis_id)]
-
-
-def due_keys(redis_id: int, queue: str) -> list[str]:
-    """Every key due.lua touches, in its KEYS order."""
-    return [delay_key(redis_id, queue)]
 
 
 def take_keys(redis_id: int, queue: str) -> list[str]:

@@ -7,8 +7,6 @@ reply::
 
     deduct.lua   stock -= qty, record the deduction, append a redo-log entry
     sync.lua     redo log -> delay queue (sorted set scored by due time)
-    due.lua      the delay queue's due entries, by the node's clock (a read-only view;
-                 the drainer takes its batches with take.lua)
     take.lua     a drain batch of due entries, an attempt counted at each first (write-ahead)
     restock.lua  due entries of unpaid orders -> stock += qty, exactly once per entry
     discard.lua  remove dead-lettered entries from the delay queue (drainer only)
@@ -19,7 +17,7 @@ their exceptions from :mod:`tasks.restock.replies`; loading and NOSCRIPT handlin
 platform's (`lease.scripts.load_lua`, `lease.scripts.run_script`).
 
 One clock: entry times and "now" come from the node itself (Redis ``TIME``, read inside
-deduct.lua, sync.lua, due.lua and take.lua), never from a worker's wall clock, so a worker
+deduct.lua, sync.lua and take.lua), never from a worker's wall clock, so a worker
 whose clock is off moves no due time and releases nothing early; sync.lua clamps a stream
 time ahead of that clock to it. Tests substitute a fake *node* clock (shared by
 every process of the test) through ``StockScripts(clock=...)``; production passes none.
@@ -43,7 +41,6 @@ from tasks.config.settings import Settings
 from tasks.restock.keys import (
     deduct_keys,
     discard_keys,
-    due_keys,
     rebuild_keys,
     restock_keys,
     sync_keys,
@@ -64,7 +61,6 @@ __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_DELAY_MS",
     "DISCARD",
-    "DUE",
     "REBUILD",
     "RESTOCK",
     "SYNC",
@@ -78,7 +74,6 @@ __all__ = [
 
 DEDUCT = load_lua("tasks.restock", "deduct")
 SYNC = load_lua("tasks.restock", "sync")
-DUE = load_lua("tasks.restock", "due")
 TAKE = load_lua("tasks.restock", "take")
 RESTOCK = load_lua("tasks.restock", "restock")
 DISCARD = load_lua("tasks.restock", "discard")
@@ -140,7 +135,6 @@ class StockScripts:
     def __init__(self, client: Any, clock: Callable[[], int] | None = None) -> None:
         self.client = client
         self.clock = clock
-        self.due_script = client.register_script(DUE)
         self.take_script = client.register_script(TAKE)
         self.deduct_script = client.register_script(DEDUCT)
         self.sync_script = client.register_script(SYNC)
@@ -218,15 +212,6 @@ class StockScripts:
         return int(detail)
 
     # restock -----------------------------------------------------------------------------
-
-    def due(self, redis_id: int, queue: str, limit: int = 100) -> list[bytes]:
-        """The delay queue's members due now by the node's clock, earliest first, as the raw
-        bytes stored (a member need not even be UTF-8)."""
-        if limit <= 0:
-            raise ValueError("limit must be positive")
-        members = self.run(self.due_script, due_keys(redis_id, queue),
-                           [self._now_arg(), limit])
-        return [m if isinstance(m, bytes) else str(m).encode() for m in members]
 
     def take(self, redis_id: int, queue: str, limit: int = 100) -> list[tuple[bytes, int]]:
         """A drain batch of the queue's due members, each with its attempt count after the one

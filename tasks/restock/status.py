@@ -7,12 +7,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.deadletters.view import console_for
 from tasks.restock.drain import DEAD_LETTER_KIND
 from tasks.restock.keys import (
     delay_key,
@@ -24,7 +22,7 @@ from tasks.restock.keys import (
 )
 from tasks.store.models import DEAD_LETTERS
 
-__all__ = ["NodeView", "render_nodes", "restock_nodes", "nodes_table", "nodes_json"]
+__all__ = ["NodeView", "restock_nodes", "nodes_table", "nodes_json"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +134,3 @@ def nodes_json(views: Sequence[NodeView], now_ms: int) -> list[dict[str, Any]]:
     return [{**asdict(v), "window": _window(v, now_ms) if v.error is None else None}
             for v in views]
 
-
-def render_nodes(views: Sequence[NodeView], now_ms: int, console: Console | None = None) -> None:
-    (console or console_for()).print(nodes_table(views, now_ms))
