@@ -30,8 +30,10 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.restock.holds import behind_database
 from tasks.restock.keys import delay_key, meta_key, offset_key, stock_key, term_key
 from tasks.restock.nodes import StockNode
+from tasks.restock.scripts import Generation
 from tasks.store.models import ORDER_ITEMS, RESTOCK_NODES, SKUS
 
 __all__ = ["DueWork", "due_work"]
@@ -112,9 +114,8 @@ def due_work(sessions: sessionmaker[Session], nodes: Sequence[StockNode],
         for node, row in zip(group, rows, strict=True):
             n = node.redis_id
             term, offset, stocked, window_due, dues = row[0], row[1], row[2], row[3], row[4:]
-            behind = (int(term or 0) < recorded.terms.get(n, 0)
-                      or int(offset or 0) < recorded.offsets.get(n, 0)
-                      or int(stocked) < recorded.skus.get(n, 0))
+            known = Generation(recorded.terms.get(n, 0), recorded.offsets.get(n, 0))
+            behind = behind_database(term, offset, stocked, known, recorded.skus.get(n, 0))
             if window_due is None or window_due or behind:
                 work.rebuilds.append(n)
             work.drains += [(n, q) for q, due in zip(queues, dues, strict=True) if int(due)]

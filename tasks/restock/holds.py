@@ -40,7 +40,8 @@ from tasks.restock.scripts import Generation, StockScripts
 from tasks.store.db import WRITE_INTENT, utcnow
 from tasks.store.models import ORDER_ITEMS, RESTOCK_NODES, ItemState
 
-__all__ = ["LOST_DEDUCTION", "SOLD_BEFORE", "check_holds", "recorded_generation"]
+__all__ = ["LOST_DEDUCTION", "SOLD_BEFORE", "behind_database", "check_holds",
+           "recorded_generation"]
 
 log = logging.getLogger("tasks.restock")
 
@@ -60,6 +61,16 @@ def recorded_generation(session: Session, redis_id: int) -> Generation:
     offset = session.execute(select(func.max(ORDER_ITEMS.c.redo_offset))
                              .where(ORDER_ITEMS.c.redis_id == redis_id)).scalar()
     return Generation(term=int(term or 0), offset=int(offset or 0))
+
+
+def behind_database(term: Any, offset: Any, stocked: Any, known: Generation,
+                    skus: int) -> bool:
+    """The one rule of a shard behind the database (it lost writes; a rebuild levels it): its
+    term or offset counter is older than `known`, the generation the database recorded, or
+    its stock hash holds fewer SKUs (`stocked`) than the database has on it (`skus`). `term`
+    and `offset` are the shard's replies as read (None: never set)."""
+    return (int(term or 0) < known.term or int(offset or 0) < known.offset
+            or int(stocked) < skus)
 
 
 def check_holds(sessions: sessionmaker[Session], nodes: Sequence[StockScripts],

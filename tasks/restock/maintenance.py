@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, NotAcquired
 from tasks.deadletters.store import DeadLetters
-from tasks.restock.holds import recorded_generation
+from tasks.restock.holds import behind_database, recorded_generation
 from tasks.restock.keys import (
     deducted_key,
     maintenance_lease_name,
@@ -166,8 +166,7 @@ class Rebuilder:
             pipe.get(offset_key(node))
             pipe.hlen(stock_key(node))
             term, offset, stocked = pipe.execute()
-        return (int(term or 0) < known.term or int(offset or 0) < known.offset
-                or int(stocked) < skus)
+        return behind_database(term, offset, stocked, known, skus)
 
     def due(self) -> bool:
         window = self.next_window_ms()
