@@ -40,7 +40,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.restock.holds import check_holds, recorded_generation
 from tasks.restock.keys import stock_key
-from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
+from tasks.restock.orders import DuplicateOrderItem, InvalidOrder, Line, OrderError, order_lines
+from tasks.restock.redolog import RedoEntry, check_id, format_entry
 from tasks.restock.replies import InsufficientStock, NodeMaintaining, NodeStale, UnknownSku
 from tasks.restock.routing import Router
 from tasks.restock.scripts import Generation, StockScripts
@@ -60,18 +61,6 @@ __all__ = [
     "StockUnavailable",
     "UnknownOrder",
 ]
-
-
-class OrderError(ValueError):
-    """Bad input for an order or a payment; nothing was changed."""
-
-
-class InvalidOrder(OrderError):
-    """The order's arguments cannot be an order (empty, malformed, bad quantity)."""
-
-
-class DuplicateOrderItem(OrderError):
-    """An order item id is repeated, or already belongs to another order or another line."""
 
 
 class UnknownOrder(OrderError):
@@ -119,9 +108,6 @@ class SkuView:
         return self.redis_stock is not None and self.redis_stock + out == self.total
 
 
-Line = tuple[str, str, int]
-
-
 @dataclass(frozen=True)
 class _Outcome:
     """One deduction's result, to record: the item's new state, its entry (held) or reason."""
@@ -130,31 +116,6 @@ class _Outcome:
     state: str
     entry: RedoEntry | None
     reason: str | None
-
-
-def _lines(items: Any) -> list[Line]:
-    """Validate `items` ([[order_item_id, sku_id, qty], ...]) as task arguments arrive."""
-    if not isinstance(items, list | tuple) or not items:
-        raise InvalidOrder("items must be a non-empty list of [order_item_id, sku_id, qty]")
-    lines: list[Line] = []
-    for item in items:
-        if not isinstance(item, list | tuple) or len(item) != 3:
-            raise InvalidOrder(f"each item must be [order_item_id, sku_id, qty], got "
-                               f"{quote(item)}")
-        order_item_id, sku_id, qty = item
-        try:
-            check_id("order_item_id", order_item_id)
-            check_id("sku_id", sku_id)
-        except ValueError as exc:
-            raise InvalidOrder(str(exc)) from None
-        if isinstance(qty, bool) or not isinstance(qty, int) or not 0 < qty <= MAX_SKU_NUM:
-            raise InvalidOrder(f"qty of {order_item_id} must be an integer in "
-                               f"1..{MAX_SKU_NUM}, got {quote(qty)}")
-        lines.append((order_item_id, sku_id, qty))
-    ids = [line[0] for line in lines]
-    if len(set(ids)) != len(ids):
-        raise DuplicateOrderItem(f"order item ids repeat within the order: {quote(ids)}")
-    return lines
 
 
 def _id(field_name: str, value: Any) -> str:
@@ -224,7 +185,7 @@ class Shop:
         """
         _id("order_id", order_id)
         _id("member_id", member_id)
-        lines = _lines(items)
+        lines = order_lines(items)
         try:
             pending, generations = self._record(order_id, member_id, lines)
         except IntegrityError:

@@ -36,7 +36,7 @@ from tasks.restock.dispatch import due_work
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.nodes import StockNode, stock_nodes
-from tasks.restock.redolog import MAX_SKU_NUM
+from tasks.restock.orders import ID_MAX_LEN, MAX_LINES
 from tasks.restock.routing import Router
 from tasks.restock.shop import OrderPending, Shop, StockUnavailable
 from tasks.store.resources import resources_for
@@ -49,8 +49,6 @@ __all__ = ["ID_MAX_LEN", "MAX_LINES", "define_sku", "drain", "inspect", "pay", "
 
 log = logging.getLogger("tasks.restock")
 
-ID_MAX_LEN = 128  # order, member, order item and SKU ids: their String(128) columns
-MAX_LINES = 1000  # lines of one order
 TOTAL_MAX = 2**53 - 1  # a SKU's total: exact in Lua's numbers
 
 # A shard in maintenance or restarting comes back within seconds; an order waits for it.
@@ -84,21 +82,6 @@ def _id(name: str, value: Any) -> str:
     return text_arg(name, value, max_len=ID_MAX_LEN)
 
 
-def _lines(items: Any) -> list[list[Any]]:
-    """[[order_item_id, sku_id, qty], ...]: checked for size, types, lengths and range."""
-    if not isinstance(items, list) or not 0 < len(items) <= MAX_LINES:
-        raise InvalidArguments(f"items must be a list of 1..{MAX_LINES} "
-                               f"[order_item_id, sku_id, qty], got {quote(items)}")
-    for line in items:
-        if not isinstance(line, list) or len(line) != 3:
-            raise InvalidArguments(f"each item must be [order_item_id, sku_id, qty], got "
-                                   f"{quote(line)}")
-        _id("order_item_id", line[0])
-        _id("sku_id", line[1])
-        int_arg("qty", line[2], lo=1, hi=MAX_SKU_NUM)
-    return items
-
-
 def _drainer(node: StockNode) -> Drainer:
     return Drainer(
         resources_for(settings).sessions, node, batch=settings.restock_batch,
@@ -123,10 +106,11 @@ def define_sku(sku_id: str, total: int) -> dict[str, Any]:
 @app.task(name="tasks.restock.place_order", base=PlatformTask, retry_policy=NODE_WAIT)
 def place_order(order_id: str, member_id: str, items: list[list[Any]]) -> list[dict[str, Any]]:
     """Deduct every item ([order_item_id, sku_id, qty]) of an order; retried while a node is
-    in maintenance or unreachable."""
+    in maintenance or unreachable. The items are validated once, by the shop
+    (`tasks.restock.orders.order_lines`: `InvalidOrder`, an `InvalidArguments`)."""
     _id("order_id", order_id)
     _id("member_id", member_id)
-    return _items(_shop().place_order(order_id, member_id, _lines(items)))
+    return _items(_shop().place_order(order_id, member_id, items))
 
 
 @app.task(name="tasks.restock.pay", base=PlatformTask, retry_policy=NODE_WAIT)

@@ -22,6 +22,7 @@ from tasks.restock.keys import (
     term_key,
 )
 from tasks.restock.maintenance import RebuildOutcome
+from tasks.restock.orders import OrderError, order_lines
 from tasks.restock.redolog import parse_entry
 from tasks.restock.replies import HAS_BEEN_CONSUMED, PAID, SUCCESS, WRONG_TERM, UnknownSku
 from tasks.restock.shop import (
@@ -33,6 +34,7 @@ from tasks.restock.shop import (
 )
 from tasks.store.models import ItemState
 from tasks.store.resources import make_engine
+from tasks.store.validate import InvalidArguments
 from tests.restock.conftest import DELAY_MS, World
 
 # sku-a and sku-b live on node 0, sku-d on node 1 (crc32 routing); m-1 uses q0, m-4 uses q1.
@@ -128,6 +130,16 @@ def test_bad_orders_are_refused_and_change_nothing(
     assert shop.stock("sku-a") == 10 and shop.stock("sku-b") == 5
     with pytest.raises(UnknownOrder):
         shop.shop.pay("o-1")
+
+
+def test_a_bad_order_line_is_one_exception_for_the_shop_and_the_worker() -> None:
+    """One check, one type: callers of the shop catch an OrderError, the task boundary an
+    InvalidArguments; the message names the field and the line."""
+    with pytest.raises(InvalidOrder, match=r"qty must be in 1\.\.\d+, got -1 \(order item") as bad:
+        order_lines([["i-1", "sku-a", -1]])
+    assert isinstance(bad.value, OrderError) and isinstance(bad.value, InvalidArguments)
+    with pytest.raises(InvalidOrder, match="order_item_id is 200 characters"):
+        order_lines([["i" * 200, "sku-a", 1]])
 
 
 def test_an_order_item_id_cannot_move_to_another_order(shop: World) -> None:
