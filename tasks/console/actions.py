@@ -154,15 +154,15 @@ def restock_overview() -> list[dict[str, Any]]:
     """Every stock node: term, maintenance window, queues, due entries, unsynced log, dead
     letters (what `python -m tasks status` shows)."""
     from tasks.restock.clock import wall_ms
-    from tasks.restock.nodes import stock_nodes
-    from tasks.restock.status import nodes_json, restock_nodes
+    from tasks.restock.shards import stock_shards
+    from tasks.restock.status import shard_views, shards_json
 
     def read() -> list[dict[str, Any]]:
         res = _res()
         now = wall_ms()
-        views = restock_nodes(res.sessions, stock_nodes(res), res.settings.restock_queue_names,
+        views = shard_views(res.sessions, stock_shards(res), res.settings.restock_queue_names,
                               now)
-        return nodes_json(views, now)
+        return shards_json(views, now)
 
     return _guarded(read)  # type: ignore[no-any-return]
 

@@ -68,7 +68,7 @@ def test_unpaid_items_come_back_after_the_delay_and_paid_ones_stay_sold(shop: Wo
     shop.check_conserved()
     for node in shop.nodes:
         for queue in shop.router.queues:
-            assert node.client.zcard(delay_key(node.redis_id, queue)) == 0
+            assert node.client.zcard(delay_key(node.number, queue)) == 0
     view = shop.shop.inspect("sku-a")
     assert (view.total, view.redis_stock, view.by_state) == (
         10, 6, {ItemState.RESTOCKED: 3, ItemState.PAID: 4})

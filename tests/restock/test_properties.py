@@ -226,7 +226,7 @@ def check_workload(world: World, engine: Engine, script: list[tuple[Any, ...]],
             assert world.stock(sku) == total - world.qty(sku, ItemState.PAID)
         for node in world.nodes:
             for queue in world.router.queues:
-                n = node.redis_id
+                n = node.number
                 assert node.client.zcard(delay_key(n, queue)) == 0
                 assert world.drainers[n].sync(queue).moved == 0
                 assert node.client.exists(redo_key(n, queue)) in (0, 1)

@@ -87,7 +87,7 @@ def test_worker_and_beat_return_unpaid_stock_and_keep_paid_stock_sold(
     status = subprocess.run([sys.executable, "-m", "tasks", "status"], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
-    assert "restock nodes" in status.stdout and "next in" in status.stdout
+    assert "restock shards" in status.stdout and "next in" in status.stdout
     forced = call(client, "tasks.restock.rebuild", 0, force=True)
     assert forced["outcome"] == "rebuilt" and forced["term"] >= 2  # beat rebuilt it first
     assert call(client, "tasks.restock.inspect", "sku-a")["redis_stock"] == 7
