@@ -202,7 +202,7 @@ def test_malformed_entries_are_dead_lettered_and_the_rest_restocked(shop: World)
     assert len(letters) == 3
     assert any("sku_num must be an integer" in r for r in reasons)
     assert any("must have 9" in r for r in reasons)
-    assert any("entry of node 1" in r for r in reasons)
+    assert any("entry of shard 1" in r for r in reasons)
     assert client.zcard(delay_key(0, "q0")) == 0
 
 
