@@ -37,10 +37,10 @@ from devtools.embedded import NotScratch, demo_redis, flush_scratch
 from lease import Leases
 from tasks.restock.drain import Drainer
 from tasks.restock.keys import deduct_keys, delay_key, drain_lease_name, stock_key
-from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import RedoEntry, parse_entry
 from tasks.restock.replies import ACTIONS, Action
 from tasks.restock.scripts import StockScripts
+from tasks.restock.shards import StockShard
 from tasks.restock.tables import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.store.db import utcnow
 from tasks.store.migrate import upgrade
@@ -115,7 +115,7 @@ def run_platform(sessions: sessionmaker[Session], client: redis.Redis, entries: 
                  ) -> tuple[float, int]:
     """Returns (seconds, entries accounted for)."""
     # A fixed node clock (the entries were stamped at T0 on it) at which every entry is due.
-    node = StockNode.on(NODE, client, clock=lambda: _due_time(entries))
+    node = StockShard.on(NODE, client, clock=lambda: _due_time(entries))
     drainer = Drainer(sessions, node, batch=100, delay_ms=DELAY_MS, lease_ttl=30.0)
     started = time.perf_counter()
     drainer.sync(QUEUE, count=1000)

@@ -45,9 +45,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from bench.cluster import BenchCluster, bench_cluster
 from tasks.restock.drain import Drainer
 from tasks.restock.keys import delay_key, drain_lease_name, shard_tag, stock_key
-from tasks.restock.nodes import StockNode, close_shards, connect_shards
 from tasks.restock.redolog import parse_entry
 from tasks.restock.routing import Router
+from tasks.restock.shards import StockShard, close_shards, connect_shards
 from tasks.restock.tables import ORDER_ITEMS, ORDERS, SKUS, ItemState
 from tasks.store.db import utcnow
 from tasks.store.migrate import upgrade
@@ -62,7 +62,7 @@ START_STOCK = 10**9
 SKUS_PER_SHARD = 4
 
 # A run: (sessions, shards, now in ms) -> entries accounted for.
-Runner = Callable[[sessionmaker[Session], list[StockNode], int], int]
+Runner = Callable[[sessionmaker[Session], list[StockShard], int], int]
 
 
 def _skus(shards: int) -> dict[int, list[str]]:
@@ -77,7 +77,7 @@ def _skus(shards: int) -> dict[int, list[str]]:
     return found
 
 
-def prepare(engine: Engine, nodes: list[StockNode], entries: int, paid: float
+def prepare(engine: Engine, nodes: list[StockShard], entries: int, paid: float
             ) -> tuple[int, int, Counter[int]]:
     """Fresh tables and keys; `entries` deductions spread over the shards, a `paid` share
     paid. Returns (unpaid units, stock before, entries per shard)."""
@@ -113,12 +113,12 @@ def prepare(engine: Engine, nodes: list[StockNode], entries: int, paid: float
     return unpaid, _stock(nodes), per_shard
 
 
-def _stock(nodes: list[StockNode]) -> int:
-    return sum(int(v) for n in nodes for v in n.client.hvals(stock_key(n.redis_id)))
+def _stock(nodes: list[StockShard]) -> int:
+    return sum(int(v) for n in nodes for v in n.client.hvals(stock_key(n.number)))
 
 
-def run_platform(sessions: sessionmaker[Session], nodes: list[StockNode], now: int) -> int:
-    def one(node: StockNode) -> int:
+def run_platform(sessions: sessionmaker[Session], nodes: list[StockShard], now: int) -> int:
+    def one(node: StockShard) -> int:
         drainer = Drainer(sessions, node, batch=100, delay_ms=DELAY_MS, lease_ttl=30.0)
         drainer.sync(QUEUE, count=1000)
         report = drainer.drain(QUEUE)
@@ -128,10 +128,10 @@ def run_platform(sessions: sessionmaker[Session], nodes: list[StockNode], now: i
         return sum(pool.map(one, nodes))
 
 
-def run_baseline(sessions: sessionmaker[Session], nodes: list[StockNode], now: int) -> int:
+def run_baseline(sessions: sessionmaker[Session], nodes: list[StockShard], now: int) -> int:
     accounted = 0
     for node in nodes:
-        shard, scripts = node.redis_id, node.scripts
+        shard, scripts = node.number, node.scripts
         lease = node.leases.acquire(drain_lease_name(shard, QUEUE), ttl=3600.0, renew=False)
         token = lease.token
         while scripts.sync(shard, QUEUE, count=1, delay_ms=DELAY_MS):
@@ -155,7 +155,7 @@ class OnCluster:
 
     cluster: BenchCluster
     engine: Engine
-    nodes: list[StockNode]
+    nodes: list[StockShard]
     checks: Counter[str] = field(default_factory=Counter)
     per_shard: Counter[int] = field(default_factory=Counter)
     baseline: float = 0.0
@@ -227,7 +227,7 @@ def measure(on: OnCluster, name: str, run: Runner, args: argparse.Namespace) -> 
         on.client_cpu.append(time.process_time() - cpu)
         on.servers_cpu.append(_servers_cpu(on.cluster) - servers)
     returned = _stock(on.nodes) - before
-    left = sum(on.nodes[0].client.zcard(delay_key(n.redis_id, QUEUE)) for n in on.nodes)
+    left = sum(on.nodes[0].client.zcard(delay_key(n.number, QUEUE)) for n in on.nodes)
     on.checks["lost"] += max(args.entries - accounted, 0) + left
     on.checks["lost"] += max(unpaid - returned, 0)
     on.checks["double_restocks"] += max(returned - unpaid, 0)

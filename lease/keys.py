@@ -4,7 +4,7 @@ The keys of one lease share the hash tag ``{NAME}`` (the braces are literal), so
 scripts touch a single Redis Cluster slot. A name may instead start with its own hash tag,
 ``{TAG}REST``: its keys are then ``lease:{TAG}REST``, ``fence:{TAG}REST``..., in the slot of
 every other key tagged ``{TAG}``, so a Lua script of the data the lease guards can check the
-lease token in the same call (the restock drainer's ``{node:3}:q1``).
+lease token in the same call (the restock drainer's ``{stock:3}:drain:q1``).
 """
 
 from __future__ import annotations

@@ -194,8 +194,6 @@ class Leases:
         value = self.client.get(fence_key(validate_name(name)))
         return 0 if value is None else int(value)
 
-    holder_fence = current_fence
-
     def stats(self) -> LeaseStats:
         """The keeper's counters, renewal round-trip times and margin (a plain dict; see
         lease.stats.LeaseStats). Leases sharing a keeper share its stats."""

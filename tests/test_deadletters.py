@@ -16,7 +16,7 @@ from sqlalchemy.orm import sessionmaker
 from tasks.deadletters.store import PRUNE_BATCH, DeadLetters
 from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.deadletters.view import render_letters
-from tasks.restock.status import _letters_per_node, restock_nodes
+from tasks.restock.status import _letters_per_shard, shard_views
 from tasks.store.db import utcnow
 from tasks.wings import WINGS, load_settings
 from tasks.worker.schedule import beat_schedule
@@ -85,8 +85,8 @@ def test_status_counts_letters_in_sql_and_lists_recent_ones_without_payloads(
         if re.search(r"dead_letters\.payload\s*(,|FROM)", statement):  # read as a column
             payload_reads.append(statement)
 
-    assert _letters_per_node(sessions, [0, 1, 2, 10]) == {0: 3, 1: 2, 2: 0, 10: 1}
-    assert restock_nodes(sessions, [], [], 0) == []
+    assert _letters_per_shard(sessions, [0, 1, 2, 10]) == {0: 3, 1: 2, 2: 0, 10: 1}
+    assert shard_views(sessions, [], [], 0) == []
     out = StringIO()
     render_letters(sessions, Console(file=out, width=200))
     shown = out.getvalue()

@@ -75,14 +75,14 @@ def _views(res: Resources, job: str | None) -> tuple[Any, Any, Any, int]:
     from tasks.deadletters.view import letters_view
     from tasks.ranges.status import partitions, summarize
     from tasks.restock.clock import wall_ms
-    from tasks.restock.nodes import stock_nodes
     from tasks.restock.settings import restock_settings
-    from tasks.restock.status import restock_nodes
+    from tasks.restock.shards import stock_shards
+    from tasks.restock.status import shard_views
 
     views = partitions(res.sessions, job)
     now = wall_ms()
     queues = restock_settings(res.settings).queue_names
-    nodes = restock_nodes(res.sessions, stock_nodes(res), queues, now)
+    nodes = shard_views(res.sessions, stock_shards(res), queues, now)
     return (views, summarize(views, res.sessions), (nodes, letters_view(res.sessions)), now)
 
 
@@ -91,21 +91,21 @@ def _snapshot(res: Resources, job: str | None, width: int) -> RenderableType:
 
     from tasks.deadletters.view import letters_renderable
     from tasks.ranges.status import jobs_table, partitions_table
-    from tasks.restock.status import nodes_table
+    from tasks.restock.status import shards_table
 
     views, summaries, (nodes, letters), now = _views(res, job)
     parts = [jobs_table(summaries)] if summaries else []
-    return Group(*parts, partitions_table(views, width, job), nodes_table(nodes, now),
+    return Group(*parts, partitions_table(views, width, job), shards_table(nodes, now),
                  letters_renderable(letters))
 
 
 def _snapshot_json(res: Resources, job: str | None) -> dict[str, Any]:
     from tasks.deadletters.view import letters_json
     from tasks.ranges.status import ranges_json
-    from tasks.restock.status import nodes_json
+    from tasks.restock.status import shards_json
 
     views, summaries, (nodes, letters), now = _views(res, job)
-    return {**ranges_json(views, summaries), "restock_nodes": nodes_json(nodes, now),
+    return {**ranges_json(views, summaries), "restock_nodes": shards_json(nodes, now),
             "dead_letters": letters_json(letters)}
 
 

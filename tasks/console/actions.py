@@ -151,19 +151,19 @@ def control(verb: str, job: str, actor: str, rows_per_s: str | None = None) -> d
 # -- restock ---------------------------------------------------------------------------------
 
 def restock_overview() -> list[dict[str, Any]]:
-    """Every stock node: term, maintenance window, queues, due entries, unsynced log, dead
+    """Every stock shard: term, maintenance window, queues, due entries, unsynced log, dead
     letters (what `python -m tasks status` shows)."""
     from tasks.restock.clock import wall_ms
-    from tasks.restock.nodes import stock_nodes
     from tasks.restock.settings import restock_settings
-    from tasks.restock.status import nodes_json, restock_nodes
+    from tasks.restock.shards import stock_shards
+    from tasks.restock.status import shard_views, shards_json
 
     def read() -> list[dict[str, Any]]:
         res = _res()
         now = wall_ms()
         queues = restock_settings(res.settings).queue_names
-        views = restock_nodes(res.sessions, stock_nodes(res), queues, now)
-        return nodes_json(views, now)
+        views = shard_views(res.sessions, stock_shards(res), queues, now)
+        return shards_json(views, now)
 
     return _guarded(read)  # type: ignore[no-any-return]
 

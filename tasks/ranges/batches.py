@@ -15,36 +15,34 @@ the job's filter and sends the partitions of such rows back to work, from `lo`
 (`tasks.ranges.closing`). One read per run, not one per partition (docs/decisions.md, "One
 closing read per run").
 
-Rows come off the driver's cursor as plain tuples (`BatchRows`) when the job's columns need no
-conversion on the dialect; SQLAlchemy `Row`s are made only if the job looks at its rows. The
-runner itself needs only each row's id.
+The reads themselves (rows off the driver's cursor as plain tuples when they need no
+conversion) are `tasks.ranges.reads`; every write to the work row, the guard included, is a
+method of `tasks.ranges.workrow.WorkRow`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
-from sqlalchemy import Connection, Dialect, Row, bindparam, select
-from sqlalchemy.engine import result_tuple
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Connection, Row, bindparam, select
 from sqlalchemy.orm import Session
 
 from tasks.observe.metrics import record
 from tasks.ranges.jobs import Context
 from tasks.ranges.metrics import RangeSeries
-from tasks.ranges.outcomes import FencedOut, FilterNotCleared
+from tasks.ranges.outcomes import FilterNotCleared
 from tasks.ranges.planning import Partition
+from tasks.ranges.reads import BatchRows, Reads, id_at, ids_of
 from tasks.ranges.sizing import SETTLED, Sizer
 from tasks.ranges.skips import Skips, quarantined_ids
-from tasks.ranges.tables import WORK
 from tasks.ranges.workrow import WorkRow
-from tasks.store.db import WRITE_INTENT, affected, utcnow
+from tasks.store.db import WRITE_INTENT
 
-__all__ = ["Batches", "Cursor", "BatchRows", "CHECK_CHUNK"]
+__all__ = ["Batches", "Cursor", "CHECK_CHUNK"]
 
 CHECK_CHUNK = 5000  # ids per statement of the filter-contract check (under every bind limit)
 
@@ -55,78 +53,6 @@ class Cursor:
 
     next_id: int
     checked: bool = False  # the filter contract was checked on a batch of this run
-
-
-class BatchRows(Sequence[Row[Any]]):
-    """One batch's rows as the driver returned them, made SQLAlchemy `Row`s on first access.
-
-    `raw` holds the driver's tuples in the order of the read's columns, or `Row`s already
-    (`make` None: a column needed a type conversion, so the read went through SQLAlchemy).
-    The runner reads only ids (`id_at`, `ids`); a job that writes by `Context.span` may never
-    touch its rows, and then no `Row` is built: for a batch of 20,000 rows that saves the
-    objects and the garbage collector's walks over them (plain tuples of ints and strings
-    drop out of its tracking).
-    """
-
-    __slots__ = ("_raw", "_make", "_id", "_rows")
-
-    def __init__(self, raw: Sequence[Any], make: Callable[[Any], Row[Any]] | None,
-                 id_index: int) -> None:
-        self._raw, self._make, self._id = raw, make, id_index
-        self._rows: Sequence[Row[Any]] | None = None if make is not None else raw
-
-    def id_at(self, index: int) -> int:
-        return int(self._raw[index][self._id])
-
-    def ids(self) -> list[int]:
-        i = self._id
-        return [int(r[i]) for r in self._raw]
-
-    def rows(self) -> Sequence[Row[Any]]:
-        if self._rows is None:
-            assert self._make is not None
-            self._rows = list(map(self._make, self._raw))
-        return self._rows
-
-    def __len__(self) -> int:
-        return len(self._raw)
-
-    @overload
-    def __getitem__(self, index: int) -> Row[Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Row[Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> Row[Any] | Sequence[Row[Any]]:
-        return self.rows()[index]
-
-    def __iter__(self) -> Iterator[Row[Any]]:
-        return iter(self.rows())
-
-
-def _id_at(rows: Sequence[Row[Any]], index: int, id_column: str) -> int:
-    if isinstance(rows, BatchRows):
-        return rows.id_at(index)
-    return int(getattr(rows[index], id_column))
-
-
-def _ids(rows: Sequence[Row[Any]], id_column: str) -> list[int]:
-    if isinstance(rows, BatchRows):
-        return rows.ids()
-    return [int(getattr(r, id_column)) for r in rows]
-
-
-def _plain(columns: Sequence[Any], dialect: Dialect) -> bool:
-    """Whether the driver's values of `columns` are what SQLAlchemy would return (no result
-    processor on this dialect: integers and strings on the three databases)."""
-    for column in columns:
-        try:
-            impl = column.type.dialect_impl(dialect)
-            if impl.result_processor(dialect, None) is not None:
-                return False
-        except (SQLAlchemyError, TypeError, ValueError, KeyError):
-            return False
-    return True
 
 
 class Batches:
@@ -153,21 +79,9 @@ class Batches:
             with row.sessions() as session:
                 self.skips = Skips(job, partition.part,
                                    quarantined_ids(session, job.name, partition.part))
-        columns = ([job.table.c[c] for c in job.columns] if job.columns
-                   else list(job.table.c))
-        self._columns = columns
-        self._id_index = [c.key for c in columns].index(job.id_column)
-        self._make_row = result_tuple([c.key for c in columns], [(c,) for c in columns])
-        self._raw_ok: bool | None = None  # the columns need no conversion (first read says)
-        self._query = (select(*columns)
-                       .where(job.id_col >= bindparam("from_id"), job.id_col <= partition.hi,
-                              job.where)
-                       .order_by(job.id_col).limit(bindparam("size")))
-        self._quarantined: frozenset[int] = frozenset()
+        self.reads = Reads(job, partition.hi)
         self._pending_skips: frozenset[int] = frozenset()  # quarantined by the open batch
-        self._read = self._query
         self._leave_out()
-        self._guard = row.checkpoint_statement()
         self._left_in_range = (select(job.id_col)
                                .where(job.id_col.between(bindparam("first"), bindparam("last")),
                                       job.where)
@@ -236,38 +150,22 @@ class Batches:
                 read += len(rows)
                 done += self._apply(session, conn, fence, rows, pool,
                                     check=not self.cursor.checked)
-                checkpoint = max(checkpoint, _id_at(rows, -1, self.job.id_column) + 1)
-        moved = affected(conn.execute(self.row.guard(fence).values(
-            next_id=checkpoint, rows_done=WORK.c.rows_done + (read - so_far[2]))))
-        if moved != 1:
-            raise FencedOut()
+                checkpoint = max(checkpoint, id_at(rows, -1, self.job.id_column) + 1)
+        self.row.move_on(conn, fence, checkpoint, read - so_far[2])
         return checkpoint, done, short
 
     def _fetch(self, conn: Connection, from_id: int, size: int) -> BatchRows:
-        """The next `size` rows to do from `from_id`, off the driver's cursor when plain."""
-        if self._raw_ok is None:
-            self._raw_ok = _plain(self._columns, conn.dialect)
-        result = conn.execute(self._read, {"from_id": from_id, "size": size})
-        if not self._raw_ok or result.cursor is None:
-            return BatchRows(result.all(), None, self._id_index)
-        try:
-            raw = result.cursor.fetchall()
-        finally:
-            result.close()
-        return BatchRows(raw, self._make_row, self._id_index)
+        """The next `size` rows to do from `from_id` (a seam for the tests)."""
+        return self.reads.fetch(conn, from_id, size)
 
     def _process(self, session: Session, conn: Connection, fence: int,
                  rows: Sequence[Row[Any]], pool: ThreadPoolExecutor | None, *,
                  check: bool) -> tuple[int, int]:
         """Guard the work row, then run the job on `rows`, in the batch's transaction; return
         the new checkpoint and how many rows were processed (not skipped)."""
-        checkpoint = _id_at(rows, -1, self.job.id_column) + 1
+        checkpoint = id_at(rows, -1, self.job.id_column) + 1
         rate = (self.rows_done + len(rows)) / max(self.clock() - self.started, 1e-6)
-        guarded = affected(conn.execute(self._guard, {
-            "mine": fence, "checkpoint": checkpoint, "batch_rows": len(rows),
-            "now": utcnow(), "rows_per_s": rate}))
-        if guarded != 1:
-            raise FencedOut()
+        self.row.checkpoint(conn, fence, checkpoint, len(rows), rate)
         return checkpoint, self._apply(session, conn, fence, rows, pool, check=check)
 
     def _apply(self, session: Session, conn: Connection, fence: int,
@@ -279,7 +177,7 @@ class Batches:
         exact = conn.dialect.name == "sqlite"  # the write lock is held from the read on
 
         def run(chunk: Sequence[Row[Any]]) -> None:
-            first, last = _id_at(chunk, 0, id_column), _id_at(chunk, -1, id_column)
+            first, last = id_at(chunk, 0, id_column), id_at(chunk, -1, id_column)
             span = (first, last) if exact and self._clear_of_quarantine(first, last) else None
             self.job.process(chunk, Context(session, fence, self.job, self.partition, pool,
                                             span))
@@ -290,7 +188,7 @@ class Batches:
             run(rows)
         elif skipped:
             rows = [r for r in rows if int(getattr(r, id_column)) not in skipped]
-            conn.execute(self.row.guard(fence).values(rows_done=WORK.c.rows_done - len(skipped)))
+            self.row.uncount(conn, fence, len(skipped))
         if check and rows:
             self._check_cleared(conn, rows)
             self.cursor.checked = True
@@ -309,13 +207,11 @@ class Batches:
 
     def _leave_out(self) -> None:
         """Reads leave out the partition's quarantined rows (they still match the filter)."""
-        if self.skips is None or self.skips.quarantined == self._quarantined:
-            return
-        self._quarantined = self.skips.quarantined
-        self._read = self._query.where(self.job.id_col.not_in(sorted(self._quarantined)))
+        if self.skips is not None:
+            self.reads.leave_out(self.skips.quarantined)
 
     def _clear_of_quarantine(self, first: int, last: int) -> bool:
-        return not any(first <= q <= last for q in self._quarantined)
+        return not any(first <= q <= last for q in self.reads.left_out)
 
     def _check_cleared(self, conn: Connection, rows: Sequence[Row[Any]]) -> None:
         """The job's contract: a processed row no longer matches its filter (checked on the
@@ -325,10 +221,10 @@ class Batches:
         if one does (a row the batch left matching, a quarantined row, or a row committed
         into the range meanwhile) are the batch's own ids looked up, CHECK_CHUNK at a time."""
         job = self.job
-        first, last = _id_at(rows, 0, job.id_column), _id_at(rows, -1, job.id_column)
+        first, last = id_at(rows, 0, job.id_column), id_at(rows, -1, job.id_column)
         if conn.execute(self._left_in_range, {"first": first, "last": last}).first() is None:
             return
-        ids = _ids(rows, job.id_column)
+        ids = ids_of(rows, job.id_column)
         left = None
         for at in range(0, len(ids), CHECK_CHUNK):
             left = conn.execute(self._left, {"ids": ids[at:at + CHECK_CHUNK]}).scalar()

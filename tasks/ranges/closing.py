@@ -59,6 +59,7 @@ from tasks.ranges.runs import (
 from tasks.ranges.skips import quarantined_of_job
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.workrow import partitions_of
 from tasks.store.db import affected, utcnow
 
 __all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT", "nothing_open"]
@@ -95,7 +96,7 @@ def nothing_open(sessions: sessionmaker[Session], job: str) -> bool:
     """No partition of `job` is pending, running or paused (its closing round may begin)."""
     with sessions() as session:
         return session.execute(select(WORK.c.part).where(
-            WORK.c.kind == "range", WORK.c.job == job,
+            partitions_of(job),
             WORK.c.status.in_((*S.OPEN, S.PAUSED))).limit(1)).first() is None
 
 
@@ -158,7 +159,7 @@ def _statuses_after_resume_race(sessions: sessionmaker[Session], job: str,
         counts = statuses(session, job)
         if state == RunState.RUNNING and counts.get(S.PAUSED):
             moved = affected(session.execute(update(WORK).where(
-                WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == S.PAUSED)
+                partitions_of(job), WORK.c.status == S.PAUSED)
                 .values(status=S.PENDING, dispatched_at=None)))
             counts[S.PAUSED] -= moved
             counts[S.PENDING] = counts.get(S.PENDING, 0) + moved
@@ -180,7 +181,7 @@ def _due(sessions: sessionmaker[Session], job: str, settle: float) -> bool:
 def _snapshot(sessions: sessionmaker[Session], job: str) -> _Snapshot:
     with sessions() as session:
         rows = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.fence).where(
-            WORK.c.kind == "range", WORK.c.job == job).order_by(WORK.c.lo)).all()
+            partitions_of(job)).order_by(WORK.c.lo)).all()
     return _Snapshot([(r.part, r.lo, r.hi) for r in rows], len(rows),
                      sum(int(r.fence) for r in rows))
 
@@ -191,7 +192,7 @@ def _unchanged(session: Session, job: str, snapshot: _Snapshot) -> bool:
     total, finished, fences = session.execute(select(
         func.count(), func.coalesce(func.sum(finished_now), 0),
         func.coalesce(func.sum(WORK.c.fence), 0)).where(
-        WORK.c.kind == "range", WORK.c.job == job)).one()
+        partitions_of(job))).one()
     return (int(total), int(finished), int(fences)) == (
         snapshot.finished, snapshot.finished, snapshot.fences)
 
@@ -210,7 +211,7 @@ def _reopen(session: Session, job: str, snapshot: _Snapshot, found: list[int]) -
         return []
     parts = sorted(holding)
     session.execute(update(WORK).where(
-        WORK.c.kind == "range", WORK.c.job == job, WORK.c.part.in_(parts),
+        partitions_of(job), WORK.c.part.in_(parts),
         WORK.c.status.in_((S.DONE, S.EMPTY)))
         .values(status=S.PENDING, next_id=WORK.c.lo, finished_at=None, dispatched_at=None))
     return parts

@@ -42,6 +42,7 @@ from tasks.ranges.runs import (
 )
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.workrow import partitions_of
 from tasks.store.db import affected, utcnow
 from tasks.store.validate import InvalidArguments, quote
 
@@ -112,12 +113,12 @@ class Controls:
         fence as the floor of the new ones: a holder of the old plan that wakes up must be
         fenced out even if Redis lost its fence counters meanwhile."""
         highest = session.execute(select(func.max(WORK.c.fence)).where(
-            WORK.c.kind == "range", WORK.c.job == job)).scalar() or 0
+            partitions_of(job))).scalar() or 0
         session.execute(update(SCHEDULES).where(
             SCHEDULES.c.name == range_schedule_name(job),
             SCHEDULES.c.fence_floor < highest).values(fence_floor=highest))
         return affected(session.execute(delete(WORK).where(
-            WORK.c.kind == "range", WORK.c.job == job)))
+            partitions_of(job))))
 
     def _check_plannable(self, job: RangeJob) -> None:
         """Refuse a start whose first reconcile round could not plan: the job's table
@@ -214,7 +215,7 @@ class Controls:
     def _move(session: Session, job: str, old: str, new: str, **values: Any) -> int:
         """Partitions of `job` in state `old` -> `new` (how many)."""
         return affected(session.execute(update(WORK).where(
-            WORK.c.kind == "range", WORK.c.job == job, WORK.c.status == old)
+            partitions_of(job), WORK.c.status == old)
             .values(status=new, dispatched_at=None, **values)))
 
     @staticmethod

@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 
 from tasks.config.settings import Settings
 from tasks.ranges.tables import RANGE_RUNS, WORK, RunState
+from tasks.ranges.workrow import every_partition
 
 __all__ = ["RangeSeries", "collect"]
 
@@ -25,7 +26,7 @@ def collect(settings: Settings) -> Iterable[Any]:
     w = WORK.c
     query = (select(w.job, w.status, func.count(), func.sum(w.rows_done),
                     func.sum(w.hi - w.lo + 1))
-             .where(w.kind == "range").group_by(w.job, w.status))
+             .where(every_partition()).group_by(w.job, w.status))
     latest = select(func.max(RANGE_RUNS.c.id)).group_by(RANGE_RUNS.c.job)
     with res.sessions() as session:
         rows = session.execute(query).all()

@@ -42,6 +42,7 @@ from tasks.ranges.planning import StoredPlan, plan_after
 from tasks.ranges.runs import current_run, enforce
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.workrow import RANGE_KIND, partitions_of
 from tasks.store.db import affected, utcnow
 
 __all__ = ["Round", "schedule_name", "activate", "activate_in", "reconcile_job",
@@ -83,7 +84,7 @@ def activate_in(session: Session, job: str) -> int:
     """`activate`, in the caller's transaction (a `start` opens its run in the same one)."""
     _schedule_on(session, job)
     return affected(session.execute(
-        update(WORK).where(WORK.c.kind == "range", WORK.c.job == job,
+        update(WORK).where(partitions_of(job),
                            WORK.c.status == S.FAILED)
         .values(status=S.PENDING, error=None, dispatched_at=None, crashes=0)
     ))
@@ -218,7 +219,7 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
                                         select(func.max(job.id_col)).scalar_subquery())).one()
         plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
                                       func.max(WORK.c.part)).where(
-            WORK.c.kind == "range", WORK.c.job == job.name)).one()
+            partitions_of(job.name))).one()
     step("read")
     stored = StoredPlan(*plan) if plan[2] is not None else None
     missing = plan_after(stored, lo, hi, job.partition_size)
@@ -230,7 +231,7 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
             floor = session.execute(select(SCHEDULES.c.fence_floor).where(
                 SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
             session.execute(insert(WORK), [
-                {"kind": "range", "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
+                {"kind": RANGE_KIND, "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
                  "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
                  "rows_done": 0, "rate": 0.0, "crashes": 0} for p in missing])
         result.planned = len(missing)
@@ -249,7 +250,7 @@ def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job
     cutoff = utcnow() - timedelta(seconds=grace)
     with sessions() as session:
         open_parts = session.execute(select(WORK.c.part, WORK.c.dispatched_at, WORK.c.status)
-                                     .where(WORK.c.kind == "range", WORK.c.job == job.name,
+                                     .where(partitions_of(job.name),
                                             WORK.c.status.in_(S.OPEN))
                                      .order_by(WORK.c.part)).all()
     candidates = [r.part for r in open_parts if r.dispatched_at is None or r.dispatched_at < cutoff]
@@ -265,7 +266,7 @@ def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job
     with sessions.begin() as session:
         if not _hold(session, schedule_name(job.name), term):
             return None
-        session.execute(update(WORK).where(WORK.c.kind == "range", WORK.c.job == job.name,
+        session.execute(update(WORK).where(partitions_of(job.name),
                                            WORK.c.part.in_(unleased))
                         .values(dispatched_at=utcnow()))
     for part in unleased:

@@ -26,6 +26,7 @@ from lease.keys import lease_key
 from tasks.ranges.keys import range_control_key, range_lease_name, range_schedule_name
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.workrow import park_idle, partitions_of
 from tasks.store.db import WRITE_INTENT, affected, utcnow
 
 __all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
@@ -83,7 +84,7 @@ def _iso(value: datetime | None) -> str | None:
 def run_rows(session: Session, job: str) -> int:
     """The job's rows processed over all its partitions' lives (`work_items.rows_done`)."""
     return int(session.execute(select(func.coalesce(func.sum(WORK.c.rows_done), 0)).where(
-        WORK.c.kind == "range", WORK.c.job == job)).scalar_one())
+        partitions_of(job))).scalar_one())
 
 
 def _run(session: Session, row: Any) -> Run:
@@ -179,7 +180,7 @@ def write_flags(client: Any, run: Run | None) -> None:
 def statuses(session: Session, job: str) -> dict[str, int]:
     """How many of the job's partitions are in each state."""
     return {status: int(n) for status, n in session.execute(
-        select(WORK.c.status, func.count()).where(WORK.c.kind == "range", WORK.c.job == job)
+        select(WORK.c.status, func.count()).where(partitions_of(job))
         .group_by(WORK.c.status)).all()}
 
 
@@ -190,7 +191,7 @@ def park_unleased(sessions: sessionmaker[Session], client: Any, job: str) -> int
     `running`, so a holder that wakes up writes nothing). Returns how many were parked."""
     with sessions() as session:
         found = session.execute(select(WORK.c.part, WORK.c.fence, WORK.c.status).where(
-            WORK.c.kind == "range", WORK.c.job == job, WORK.c.status.in_(S.OPEN))).all()
+            partitions_of(job), WORK.c.status.in_(S.OPEN))).all()
     running = [r for r in found if r.status == S.RUNNING]
     with client.pipeline(transaction=False) as pipe:
         for r in running:
@@ -202,10 +203,7 @@ def park_unleased(sessions: sessionmaker[Session], client: Any, job: str) -> int
     parked = 0
     with writing(sessions) as session:
         for r in idle:
-            parked += affected(session.execute(update(WORK).where(
-                WORK.c.kind == "range", WORK.c.job == job, WORK.c.part == r.part,
-                WORK.c.fence == r.fence, WORK.c.status == r.status)
-                .values(status=S.PAUSED, owner=None, throttled_until=None)))
+            parked += park_idle(session, job, r.part, r.fence, r.status)
     return parked
 
 

@@ -22,18 +22,18 @@ from importlib import import_module
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.deadletters.view import console_for
 from tasks.ranges.tables import WORK, PartitionStatus
+from tasks.ranges.workrow import every_partition
 from tasks.store.db import utcnow
 
-__all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "render",
-           "jobs_table", "partitions_table", "ranges_json", "format_eta"]
+__all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "jobs_table",
+           "partitions_table", "ranges_json", "format_eta"]
 
 # Consoles narrower than this get the compact partition tables (the wide one needs ~130).
 COMPACT_BELOW = 130
@@ -91,7 +91,7 @@ class JobSummary:
 
 
 def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[PartitionView]:
-    query = select(WORK).where(WORK.c.kind == "range").order_by(WORK.c.job, WORK.c.part)
+    query = select(WORK).where(every_partition()).order_by(WORK.c.job, WORK.c.part)
     if job is not None:
         query = query.where(WORK.c.job == job)
     with sessions() as session:
@@ -236,9 +236,3 @@ def ranges_json(views: Sequence[PartitionView], summaries: Sequence[JobSummary]
     return {"jobs": [asdict(s) for s in summaries],
             "partitions": [partition(v) for v in views]}
 
-
-def render(views: Sequence[PartitionView], console: Console | None = None) -> None:
-    console = console or console_for()
-    if views:
-        console.print(jobs_table(summarize(views)))
-    console.print(partitions_table(views, console.width))

@@ -5,6 +5,11 @@ wins); from then on each of its writes (checkpoint, done, handed back, failed) i
 `UPDATE work_items ... WHERE fence = :mine AND status = 'running'`, so a holder that a newer
 one overtook writes nothing (`FencedOut`).
 
+A batch's own writes are here too, in the batch's transaction: `checkpoint` (its first write,
+the guard: it moves the checkpoint and the counts), `move_on` (the checkpoint past the rest of
+a batch read `fetch_size` rows at a time), `uncount` (rows a skip policy quarantined), and
+`park_idle` parks a partition nobody holds, fenced by the fence it was seen with.
+
 Poison partitions: a claim that finds the row still `running` takes over from a holder that
 never released it (its process died, or it lost the lease or the database). `crashes` counts
 such claims until a batch commits; past the redelivery cap the partition is failed and
@@ -17,7 +22,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Update, and_, bindparam, case, select, update
+from sqlalchemy import ColumnElement, Connection, Update, and_, bindparam, case, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,12 +33,26 @@ from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
 
-__all__ = ["WorkRow", "DEAD_LETTER_KIND"]
+__all__ = ["WorkRow", "DEAD_LETTER_KIND", "RANGE_KIND", "partitions_of", "every_partition",
+           "park_idle"]
 
 log = logging.getLogger("tasks.ranges")
 
 # Dead letters of partitions that kept killing their worker.
 DEAD_LETTER_KIND = "range-partition"
+
+# `work_items.kind` of a range job's partitions (the table's default; a stored value).
+RANGE_KIND = "range"
+
+
+def every_partition() -> ColumnElement[bool]:
+    """The WHERE clause of every range job's partitions in `work_items`."""
+    return WORK.c.kind == RANGE_KIND
+
+
+def partitions_of(job: str) -> ColumnElement[bool]:
+    """The WHERE clause of the partitions of range job `job` in `work_items`."""
+    return and_(WORK.c.kind == RANGE_KIND, WORK.c.job == job)
 
 
 class WorkRow:
@@ -43,7 +62,15 @@ class WorkRow:
                  owner: str) -> None:
         self.job, self.part = job, part
         self.sessions, self.owner = sessions, owner
-        self._where = (WORK.c.kind == "range", WORK.c.job == job.name, WORK.c.part == part)
+        self._where = (partitions_of(job.name), WORK.c.part == part)
+        # The batch's guard, built once per run: the fence and the figures are bound per batch.
+        self._checkpoint = (
+            update(WORK).where(*self._where, WORK.c.fence == bindparam("mine"),
+                               WORK.c.status == S.RUNNING)
+            .values(next_id=bindparam("checkpoint"),
+                    rows_done=WORK.c.rows_done + bindparam("batch_rows"),
+                    heartbeat_at=bindparam("now"), rate=bindparam("rows_per_s"),
+                    crashes=0, throttled_until=None))
 
     def load(self) -> Any:
         """The row as stored; `UnknownPartition` if the reconciler never planned it."""
@@ -88,16 +115,28 @@ class WorkRow:
         return update(WORK).where(*self._where, WORK.c.fence == fence,
                                   WORK.c.status == S.RUNNING)
 
-    def checkpoint_statement(self) -> Update:
-        """The batch's guard: moves the checkpoint and the counts, as `guard` does, with the
-        fence and the figures bound per batch (mine, checkpoint, batch_rows, now, rows_per_s).
-        A batch commits only if it matched the row."""
-        return (update(WORK).where(*self._where, WORK.c.fence == bindparam("mine"),
-                                   WORK.c.status == S.RUNNING)
-                .values(next_id=bindparam("checkpoint"),
-                        rows_done=WORK.c.rows_done + bindparam("batch_rows"),
-                        heartbeat_at=bindparam("now"), rate=bindparam("rows_per_s"),
-                        crashes=0, throttled_until=None))
+    def checkpoint(self, conn: Connection, fence: int, checkpoint: int, rows: int,
+                   rows_per_s: float) -> None:
+        """A batch's guard, its first write: the checkpoint moves to `checkpoint` and `rows`
+        more are counted done, in the batch's transaction on `conn`. `FencedOut` (roll the
+        batch back) if the holder of `fence` no longer owns the row."""
+        guarded = affected(conn.execute(self._checkpoint, {
+            "mine": fence, "checkpoint": checkpoint, "batch_rows": rows, "now": utcnow(),
+            "rows_per_s": rows_per_s}))
+        if guarded != 1:
+            raise FencedOut()
+
+    def move_on(self, conn: Connection, fence: int, checkpoint: int, rows: int) -> None:
+        """The checkpoint moves on to `checkpoint` past `rows` more rows read in the same
+        batch (its later `fetch_size` reads). `FencedOut` if a newer holder owns the row."""
+        moved = affected(conn.execute(self.guard(fence).values(
+            next_id=checkpoint, rows_done=WORK.c.rows_done + rows)))
+        if moved != 1:
+            raise FencedOut()
+
+    def uncount(self, conn: Connection, fence: int, rows: int) -> None:
+        """`rows` of the batch were quarantined, not processed: they no longer count done."""
+        conn.execute(self.guard(fence).values(rows_done=WORK.c.rows_done - rows))
 
     def finish(self, conn: Connection, fence: int, scanned: int) -> str:
         """Mark the row done (or empty when no row was processed), in the transaction of the
@@ -167,3 +206,13 @@ class WorkRow:
         DeadLetters(self.sessions).add(DEAD_LETTER_KIND, f"{self.job.name}:{self.part}", reason, {
             "job": self.job.name, "part": self.part, "lo": claimed.lo, "hi": claimed.hi,
             "checkpoint": claimed.next_id, "crashes": claimed.crashes, "claims": claimed.claims})
+
+
+def park_idle(session: Session, job: str, part: int, fence: int, status: str) -> int:
+    """Park `job`'s partition `part` that nobody holds (its job is paused or cancelled), if
+    it is still as it was seen: `status` under `fence`. A holder that wakes up afterwards
+    writes nothing (its fenced writes need `running`). Returns 1 if it was parked, else 0."""
+    return affected(session.execute(update(WORK).where(
+        partitions_of(job), WORK.c.part == part, WORK.c.fence == fence,
+        WORK.c.status == status)
+        .values(status=S.PAUSED, owner=None, throttled_until=None)))

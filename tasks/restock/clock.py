@@ -1,7 +1,7 @@
 """The restock wing's one wall clock, for display only.
 
-Every due time, maintenance window and expiry of the wing is read on the stock node's own clock
-(Redis ``TIME``: ``StockNode.now_ms``, ``StockScripts.now_ms``); this process's clock only
+Every due time, maintenance window and expiry of the wing is read on the stock shard's own clock
+(Redis ``TIME``: ``StockShard.now_ms``, ``StockScripts.now_ms``); this process's clock only
 labels what an operator sees (``python -m tasks status``).
 """
 
@@ -14,5 +14,5 @@ __all__ = ["wall_ms"]
 
 def wall_ms() -> int:
     """This process's wall clock in milliseconds, for display only: every due time, window
-    and expiry is read on the stock node's clock (``StockNode.now_ms``)."""
+    and expiry is read on the stock shard's clock (``StockShard.now_ms``)."""
     return time.time_ns() // 1_000_000

@@ -30,8 +30,10 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.restock.holds import behind_database
 from tasks.restock.keys import delay_key, meta_key, offset_key, stock_key, term_key
-from tasks.restock.nodes import StockNode
+from tasks.restock.scripts import Generation
+from tasks.restock.shards import StockShard
 from tasks.restock.tables import ORDER_ITEMS, RESTOCK_NODES, SKUS
 
 __all__ = ["DueWork", "due_work"]
@@ -71,20 +73,20 @@ def _recorded(sessions: sessionmaker[Session]) -> _Recorded:
     return _Recorded(terms, offsets, skus)
 
 
-def _by_client(nodes: Sequence[StockNode]) -> list[list[StockNode]]:
+def _by_client(shards: Sequence[StockShard]) -> list[list[StockShard]]:
     """The shards grouped by the client that serves them (one group per master)."""
-    groups: dict[int, list[StockNode]] = defaultdict(list)
-    for node in nodes:
-        groups[id(node.client)].append(node)
+    groups: dict[int, list[StockShard]] = defaultdict(list)
+    for shard in shards:
+        groups[id(shard.client)].append(shard)
     return list(groups.values())
 
 
-def _read_group(group: list[StockNode], queues: Sequence[str]) -> list[list[Any]]:
+def _read_group(group: list[StockShard], queues: Sequence[str]) -> list[list[Any]]:
     """Per shard of one client: [term, offset, stock size, next window, due per queue...]."""
     now = group[0].now_ms()
     with group[0].client.pipeline(transaction=False) as pipe:
-        for node in group:
-            n = node.redis_id
+        for shard in group:
+            n = shard.number
             pipe.get(term_key(n))
             pipe.get(offset_key(n))
             pipe.hlen(stock_key(n))
@@ -98,23 +100,22 @@ def _read_group(group: list[StockNode], queues: Sequence[str]) -> list[list[Any]
             for row in rows]
 
 
-def due_work(sessions: sessionmaker[Session], nodes: Sequence[StockNode],
+def due_work(sessions: sessionmaker[Session], shards: Sequence[StockShard],
              queues: Sequence[str]) -> DueWork:
-    """The drains and rebuilds due now on `nodes` (their queues synced first, see above)."""
+    """The drains and rebuilds due now on `shards` (their queues synced first, see above)."""
     recorded = _recorded(sessions)
     work = DueWork()
-    for group in _by_client(nodes):
+    for group in _by_client(shards):
         try:
             rows = _read_group(group, queues)
         except (redis.ConnectionError, redis.TimeoutError) as exc:  # the master is away
-            log.warning("tick: shards %s unreadable: %s", [n.redis_id for n in group], exc)
+            log.warning("tick: shards %s unreadable: %s", [n.number for n in group], exc)
             continue
-        for node, row in zip(group, rows, strict=True):
-            n = node.redis_id
+        for shard, row in zip(group, rows, strict=True):
+            n = shard.number
             term, offset, stocked, window_due, dues = row[0], row[1], row[2], row[3], row[4:]
-            behind = (int(term or 0) < recorded.terms.get(n, 0)
-                      or int(offset or 0) < recorded.offsets.get(n, 0)
-                      or int(stocked) < recorded.skus.get(n, 0))
+            known = Generation(recorded.terms.get(n, 0), recorded.offsets.get(n, 0))
+            behind = behind_database(term, offset, stocked, known, recorded.skus.get(n, 0))
             if window_due is None or window_due or behind:
                 work.rebuilds.append(n)
             work.drains += [(n, q) for q, due in zip(queues, dues, strict=True) if int(due)]

@@ -2,8 +2,8 @@
 
 Timeline of a drain batch, and what each crash point leaves behind::
 
-    drainer  lease {node:N}:drain:Q (fence f)          held elsewhere -> BUSY, at once
-      1  take.lua, one round trip: members with due time <= the node's clock (Redis TIME),
+    drainer  lease {stock:N}:drain:Q (fence f)          held elsewhere -> BUSY, at once
+      1  take.lua, one round trip: members with due time <= the shard's clock (Redis TIME),
          raw bytes, and
       2  drain-attempts += 1 for each member of the batch, before any work (write-ahead); a
          member past the cap is dead-lettered instead of run. A member with an earlier
@@ -50,10 +50,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease import LeaseLost, NotAcquired
 from tasks.deadletters.store import DeadLetters
 from tasks.restock.keys import attempts_key, delay_key, drain_lease_name
-from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, RedoEntry, parse_entry
 from tasks.restock.replies import SUCCESS, Action, LockNotHeld, NodeMaintaining, QueueFull
 from tasks.restock.scripts import DEFAULT_CAPACITY, DEFAULT_DELAY_MS, RestockResult
+from tasks.restock.shards import StockShard
 from tasks.restock.tables import ORDER_ITEMS, ItemState
 from tasks.store.db import WRITE_INTENT, is_transient, utcnow
 from tasks.store.validate import quote
@@ -74,14 +74,14 @@ class DrainOutcome:
     DRAINED = "drained"  # no due entry left
     BUSY = "busy"  # another drainer holds the queue
     SLICE = "slice"  # stopped after its time slice; due entries remain
-    MAINTAINING = "maintaining"  # the node entered maintenance
+    MAINTAINING = "maintaining"  # the shard entered maintenance
     LOST = "lost"  # the lease was lost; the next holder goes on
     UNAVAILABLE = "unavailable"  # the database or Redis went away; nothing lost
 
 
 @dataclass
 class DrainReport:
-    node: int
+    shard: int
     queue: str
     outcome: str = DrainOutcome.DRAINED
     batches: int = 0
@@ -95,7 +95,7 @@ class DrainReport:
         return self.statuses[SUCCESS]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "queue": self.queue, "outcome": self.outcome,
+        return {"node": self.shard, "queue": self.queue, "outcome": self.outcome,
                 "batches": self.batches, "restocked": self.restocked,
                 "statuses": dict(self.statuses), "dead_lettered": self.dead_lettered,
                 "retried": self.retried}
@@ -103,13 +103,13 @@ class DrainReport:
 
 @dataclass(frozen=True)
 class SyncReport:
-    node: int
+    shard: int
     queue: str
     moved: int
     refused: str | None  # 'FULL' or 'MAINTAINING': the rest stays in the redo log
 
     def as_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "queue": self.queue, "moved": self.moved,
+        return {"node": self.shard, "queue": self.queue, "moved": self.moved,
                 "refused": self.refused}
 
 
@@ -120,7 +120,7 @@ class _Stop(Exception):
 
 
 class Drainer:
-    """Syncs and drains the queues of one node, on the node's clock.
+    """Syncs and drains the queues of one shard, on the shard's clock.
 
     `max_attempts` caps the attempts at one entry, crashes included (the task passes the
     platform's REDELIVERY_CAP). `before_restock` is a test seam run between the payment
@@ -130,7 +130,7 @@ class Drainer:
     def __init__(
         self,
         sessions: sessionmaker[Session],
-        node: StockNode,
+        shard: StockShard,
         *,
         batch: int = 100,
         delay_ms: int = DEFAULT_DELAY_MS,
@@ -143,7 +143,7 @@ class Drainer:
         if batch <= 0 or time_slice <= 0 or max_attempts <= 0:
             raise ValueError("batch, time_slice and max_attempts must be positive")
         self.sessions = sessions
-        self.node = node
+        self.shard = shard
         self.batch = batch
         self.delay_ms = delay_ms
         self.capacity = capacity
@@ -158,22 +158,22 @@ class Drainer:
     def sync(self, queue: str, count: int = 1000) -> SyncReport:
         """Move the queue's redo log into its delay queue, `count` entries per script call,
         until the log is drained or the script refuses (FULL, MAINTAINING)."""
-        moved, scripts = 0, self.node.scripts
+        moved, scripts = 0, self.shard.scripts
         try:
-            while step := scripts.sync(self.node.redis_id, queue, count, self.capacity,
+            while step := scripts.sync(self.shard.number, queue, count, self.capacity,
                                        self.delay_ms):
                 moved += step
         except (QueueFull, NodeMaintaining) as exc:
-            return SyncReport(self.node.redis_id, queue, moved, exc.code)
-        return SyncReport(self.node.redis_id, queue, moved, None)
+            return SyncReport(self.shard.number, queue, moved, exc.code)
+        return SyncReport(self.shard.number, queue, moved, None)
 
     # drain -------------------------------------------------------------------------------
 
     def drain(self, queue: str) -> DrainReport:
         """Restock the queue's due entries in batches under its lease."""
-        report = DrainReport(self.node.redis_id, queue)
+        report = DrainReport(self.shard.number, queue)
         try:
-            lease = self.node.leases.acquire(drain_lease_name(self.node.redis_id, queue),
+            lease = self.shard.leases.acquire(drain_lease_name(self.shard.number, queue),
                                              ttl=self.lease_ttl)
         except NotAcquired:
             report.outcome = DrainOutcome.BUSY
@@ -189,7 +189,7 @@ class Drainer:
                         report.outcome = DrainOutcome.SLICE
                         break
                     lease.check()
-                    taken = self.node.scripts.take(self.node.redis_id, queue, self.batch)
+                    taken = self.shard.scripts.take(self.shard.number, queue, self.batch)
                     if not taken:
                         break
                     self._batch(queue, lease.token, taken, report)
@@ -202,7 +202,7 @@ class Drainer:
         except (redis.ConnectionError, redis.TimeoutError, DBAPIError) as exc:
             if isinstance(exc, DBAPIError) and not is_transient(exc):
                 raise
-            log.warning("drain of node %d queue %s stopped: %s", self.node.redis_id, queue,
+            log.warning("drain of shard %d queue %s stopped: %s", self.shard.number, queue,
                         exc)
             report.outcome = DrainOutcome.UNAVAILABLE
         return report
@@ -237,9 +237,9 @@ class Drainer:
         """Undo the attempts of members this batch did not get to (a stop, not a crash)."""
         if not pending:
             return
-        key = attempts_key(self.node.redis_id, queue)
+        key = attempts_key(self.shard.number, queue)
         try:
-            with self.node.client.pipeline(transaction=False) as pipe:
+            with self.shard.client.pipeline(transaction=False) as pipe:
                 for member, attempts in pending.items():
                     if attempts <= 1:
                         pipe.hdel(key, member)
@@ -247,14 +247,14 @@ class Drainer:
                         pipe.hincrby(key, member, -1)
                 pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.warning("could not give back %d drain attempts on node %d queue %s: %s",
-                        len(pending), self.node.redis_id, queue, exc)
+            log.warning("could not give back %d drain attempts on shard %d queue %s: %s",
+                        len(pending), self.shard.number, queue, exc)
 
     def _parse(self, queue: str, member: bytes) -> RedoEntry:
         entry = parse_entry(member)
-        if (entry.redis_id, entry.queue) != (self.node.redis_id, queue):
-            raise MalformedEntry(f"entry of node {entry.redis_id} queue {entry.queue!r} in "
-                                 f"node {self.node.redis_id} queue {queue!r}")
+        if (entry.redis_id, entry.queue) != (self.shard.number, queue):
+            raise MalformedEntry(f"entry of shard {entry.redis_id} queue {entry.queue!r} in "
+                                 f"shard {self.shard.number} queue {queue!r}")
         return entry
 
     def _restock_entries(self, queue: str, token: str, entries: list[tuple[bytes, RedoEntry]],
@@ -270,8 +270,8 @@ class Drainer:
         except redis.ResponseError as exc:
             if "NOSCRIPT" in str(exc):
                 raise
-            log.warning("restock batch on node %d queue %s failed (%s); entry by entry",
-                        self.node.redis_id, queue, exc)
+            log.warning("restock batch on shard %d queue %s failed (%s); entry by entry",
+                        self.shard.number, queue, exc)
             results = self._one_by_one(queue, token, entries, batch, pending, report)
         for member, _entry in entries:  # settled with their counts, or failed: no count back
             pending.pop(member, None)
@@ -286,7 +286,7 @@ class Drainer:
     def _restock(self, queue: str, token: str, batch: list[tuple[RedoEntry, bool]]
                  ) -> list[RestockResult]:
         try:
-            return self.node.scripts.restock(self.node.redis_id, queue, token, batch)
+            return self.shard.scripts.restock(self.shard.number, queue, token, batch)
         except NodeMaintaining:
             raise _Stop(DrainOutcome.MAINTAINING) from None
         except LockNotHeld:
@@ -347,14 +347,14 @@ class Drainer:
 
     def _dead_letter(self, queue: str, token: str, member: bytes, reason: str,
                      report: DrainReport) -> None:
-        node = self.node.redis_id
-        score = self.node.client.zscore(delay_key(node, queue), member)
+        shard = self.shard.number
+        score = self.shard.client.zscore(delay_key(shard, queue), member)
         text = member.decode("utf-8", "backslashreplace")
-        payload = {"node": node, "queue": queue, "score": score, "bytes": len(member),
+        payload = {"node": shard, "queue": queue, "score": score, "bytes": len(member),
                    "entry": text if len(member) <= LETTER_ENTRY_LIMIT else quote(text)}
         self.dead_letters.add(DEAD_LETTER_KIND, text[:255], reason, payload)
         try:
-            self.node.scripts.discard(node, queue, token, [member])
+            self.shard.scripts.discard(shard, queue, token, [member])
         except LockNotHeld:
             raise _Stop(DrainOutcome.LOST) from None
         report.dead_lettered += 1

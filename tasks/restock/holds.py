@@ -40,20 +40,21 @@ from tasks.restock.scripts import Generation, StockScripts
 from tasks.restock.tables import ORDER_ITEMS, RESTOCK_NODES, ItemState
 from tasks.store.db import WRITE_INTENT, utcnow
 
-__all__ = ["LOST_DEDUCTION", "SOLD_BEFORE", "check_holds", "recorded_generation"]
+__all__ = ["LOST_DEDUCTION", "SOLD_BEFORE", "behind_database", "check_holds",
+           "recorded_generation"]
 
 log = logging.getLogger("tasks.restock")
 
 # Why an item recorded held went back to 'reserving'.
-LOST_DEDUCTION = ("the stock node lost the deduction before it was recorded (restarted or "
+LOST_DEDUCTION = ("the stock shard lost the deduction before it was recorded (restarted or "
                   "restored)")
 # Why an item recorded held was rejected.
-SOLD_BEFORE = ("the stock node lost a paid deduction and sold its units again to this item "
-               "(restored while it was placed): rejected, the node is rebuilt")
+SOLD_BEFORE = ("the stock shard lost a paid deduction and sold its units again to this item "
+               "(restored while it was placed): rejected, the shard is rebuilt")
 
 
 def recorded_generation(session: Session, redis_id: int) -> Generation:
-    """Node `redis_id`'s generation as the database recorded it: the term of its last rebuild
+    """Shard `shard`'s generation as the database recorded it: the term of its last rebuild
     and the highest offset any of its order items holds (0 when none)."""
     term = session.execute(select(RESTOCK_NODES.c.term)
                            .where(RESTOCK_NODES.c.redis_id == redis_id)).scalar()
@@ -62,7 +63,17 @@ def recorded_generation(session: Session, redis_id: int) -> Generation:
     return Generation(term=int(term or 0), offset=int(offset or 0))
 
 
-def check_holds(sessions: sessionmaker[Session], nodes: Sequence[StockScripts],
+def behind_database(term: Any, offset: Any, stocked: Any, known: Generation,
+                    skus: int) -> bool:
+    """The one rule of a shard behind the database (it lost writes; a rebuild levels it): its
+    term or offset counter is older than `known`, the generation the database recorded, or
+    its stock hash holds fewer SKUs (`stocked`) than the database has on it (`skus`). `term`
+    and `offset` are the shard's replies as read (None: never set)."""
+    return (int(term or 0) < known.term or int(offset or 0) < known.offset
+            or int(stocked) < skus)
+
+
+def check_holds(sessions: sessionmaker[Session], shards: Sequence[StockScripts],
                 order_id: str) -> list[str]:
     """Check every held item of order `order_id` against its shard (module doc); return the
     ids of those taken back to 'reserving' or rejected. Redis errors propagate (nothing is
@@ -70,18 +81,18 @@ def check_holds(sessions: sessionmaker[Session], nodes: Sequence[StockScripts],
     held = _items(sessions, (ItemState.HELD,), ORDER_ITEMS.c.order_id == order_id)
     back: list[Any] = []  # to 'reserving'
     rejected: list[Any] = []
-    for node in sorted({row.redis_id for row in held}):
-        rows = [row for row in held if row.redis_id == node]
-        gone = _off_record(nodes[node], node, rows)
+    for shard in sorted({row.redis_id for row in held}):
+        rows = [row for row in held if row.redis_id == shard]
+        gone = _off_record(shards[shard], shard, rows)
         back += gone
         kept = [row for row in rows if row not in gone]
-        for rival in _off_record(nodes[node], node, _same_offsets(sessions, node, kept)):
+        for rival in _off_record(shards[shard], shard, _same_offsets(sessions, shard, kept)):
             if rival.state == ItemState.HELD:
                 back.append(rival)
                 continue
-            log.error("node %d lost paid item %s and sold offset %d again: marked stale",
-                      node, rival.order_item_id, rival.redo_offset)
-            _mark_stale(sessions, nodes[node], node)
+            log.error("shard %d lost paid item %s and sold offset %d again: marked stale",
+                      shard, rival.order_item_id, rival.redo_offset)
+            _mark_stale(sessions, shards[shard], shard)
             rejected += [row for row in kept if row.redo_offset == rival.redo_offset]
     _set_state(sessions, back, ItemState.RESERVING, LOST_DEDUCTION)
     _set_state(sessions, rejected, ItemState.REJECTED, SOLD_BEFORE)
@@ -98,22 +109,22 @@ def _items(sessions: sessionmaker[Session], states: tuple[str, ...],
             .order_by(ORDER_ITEMS.c.order_item_id)))
 
 
-def _off_record(scripts: StockScripts, node: int, rows: list[Any]) -> list[Any]:
-    """The rows whose item has no deduction on record on `node` (any entry of the item: a
+def _off_record(scripts: StockScripts, shard: int, rows: list[Any]) -> list[Any]:
+    """The rows whose item has no deduction on record on `shard` (any entry of the item: a
     rebuild may have re-issued it)."""
     if not rows:
         return []
-    records = scripts.client.hmget(deducted_key(node), [row.order_item_id for row in rows])
+    records = scripts.client.hmget(deducted_key(shard), [row.order_item_id for row in rows])
     return [row for row, record in zip(rows, records, strict=True) if record is None]
 
 
-def _same_offsets(sessions: sessionmaker[Session], node: int, rows: list[Any]) -> list[Any]:
-    """Other held or paid items of `node` recorded at the offsets of `rows`."""
+def _same_offsets(sessions: sessionmaker[Session], shard: int, rows: list[Any]) -> list[Any]:
+    """Other held or paid items of `shard` recorded at the offsets of `rows`."""
     offsets = [row.redo_offset for row in rows if row.redo_offset is not None]
     if not offsets:
         return []
     return _items(sessions, (ItemState.HELD, ItemState.PAID),
-                  ORDER_ITEMS.c.redis_id == node, ORDER_ITEMS.c.redo_offset.in_(offsets),
+                  ORDER_ITEMS.c.redis_id == shard, ORDER_ITEMS.c.redo_offset.in_(offsets),
                   ORDER_ITEMS.c.order_item_id.not_in([row.order_item_id for row in rows]))
 
 
@@ -133,16 +144,16 @@ def _set_state(sessions: sessionmaker[Session], rows: list[Any], state: str, rea
                         updated_at=utcnow()))
 
 
-def _mark_stale(sessions: sessionmaker[Session], scripts: StockScripts, node: int) -> None:
-    """Record a term above the node's own: deduct.lua refuses (STALE) and the next tick
-    rebuilds the node from the database."""
-    term = int(scripts.client.get(term_key(node)) or 0) + 1
+def _mark_stale(sessions: sessionmaker[Session], scripts: StockScripts, shard: int) -> None:
+    """Record a term above the shard's own: deduct.lua refuses (STALE) and the next tick
+    rebuilds the shard from the database."""
+    term = int(scripts.client.get(term_key(shard)) or 0) + 1
     with sessions.begin() as session:
         session.connection(execution_options=WRITE_INTENT)
         stored = session.execute(select(RESTOCK_NODES.c.term)
-                                 .where(RESTOCK_NODES.c.redis_id == node)).scalar()
+                                 .where(RESTOCK_NODES.c.redis_id == shard)).scalar()
         if stored is None:
-            session.execute(insert(RESTOCK_NODES).values(redis_id=node, term=term))
+            session.execute(insert(RESTOCK_NODES).values(redis_id=shard, term=term))
         elif stored < term:
-            session.execute(update(RESTOCK_NODES).where(RESTOCK_NODES.c.redis_id == node)
+            session.execute(update(RESTOCK_NODES).where(RESTOCK_NODES.c.redis_id == shard)
                             .values(term=term))

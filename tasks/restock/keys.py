@@ -3,10 +3,11 @@
 Stock is split into RESTOCK_SHARDS logical shards; shard N's keys share the hash tag
 ``{stock:N}`` (braces literal), so every stock script touches one Redis Cluster slot and a
 shard lives wherever its slot lives (one Redis, a Cluster's master, master N % masters). Shard
-keys end in the tag; queue keys add ``:QUEUE`` after it (same slot). The functions' `redis_id`
-argument is the shard number (the name predates shards; so do the ``redis_id`` columns). This is
-the one module of the wing that spells a key prefix: everything else builds keys with the
-functions below.
+keys end in the tag; queue keys add ``:QUEUE`` after it (same slot). The functions' `shard`
+argument is the shard's number (the database's ``redis_id`` columns and the redo entry's
+``redisId`` field hold the same number under their older, wire name). This is the one
+module of the wing that spells a key prefix: everything else builds keys with the functions
+below.
 
 Two leases of the ``lease`` package guard a shard, named with the shard's hash tag so their
 keys share its slot and the scripts can check them: ``{stock:N}:drain:QUEUE`` (the queue's one
@@ -40,7 +41,6 @@ __all__ = [
     "discard_keys",
     "drain_lease_name",
     "drain_lock_key",
-    "due_keys",
     "maintaining_key",
     "maintenance_lease_name",
     "meta_key",
@@ -121,11 +121,11 @@ ATTEMPTS_PREFIX = "drain-attempts:"
 REBUILD_ATTEMPTS_PREFIX = "rebuild-attempts:"
 
 
-def shard_tag(redis_id: int) -> str:
-    """The hash tag shared by every key of shard `redis_id`, braces included."""
-    if not isinstance(redis_id, int) or isinstance(redis_id, bool) or redis_id < 0:
-        raise ValueError(f"shard must be a non-negative integer, got {redis_id!r}")
-    return f"{{stock:{redis_id}}}"
+def shard_tag(shard: int) -> str:
+    """The hash tag shared by every key of shard `shard`, braces included."""
+    if not isinstance(shard, int) or isinstance(shard, bool) or shard < 0:
+        raise ValueError(f"shard must be a non-negative integer, got {shard!r}")
+    return f"{{stock:{shard}}}"
 
 
 def _queue(queue: str) -> str:
@@ -138,126 +138,121 @@ def _queue(queue: str) -> str:
 # --- shard keys -----------------------------------------------------------------------------
 
 
-def stock_key(redis_id: int) -> str:
+def stock_key(shard: int) -> str:
     """The shard's stock hash."""
-    return f"{STOCK_PREFIX}{shard_tag(redis_id)}"
+    return f"{STOCK_PREFIX}{shard_tag(shard)}"
 
 
-def deducted_key(redis_id: int) -> str:
+def deducted_key(shard: int) -> str:
     """The shard's deductions on record."""
-    return f"{DEDUCTED_PREFIX}{shard_tag(redis_id)}"
+    return f"{DEDUCTED_PREFIX}{shard_tag(shard)}"
 
 
-def term_key(redis_id: int) -> str:
+def term_key(shard: int) -> str:
     """The shard's term."""
-    return f"{TERM_PREFIX}{shard_tag(redis_id)}"
+    return f"{TERM_PREFIX}{shard_tag(shard)}"
 
 
-def meta_key(redis_id: int) -> str:
+def meta_key(shard: int) -> str:
     """The shard's maintenance schedule."""
-    return f"{META_PREFIX}{shard_tag(redis_id)}"
+    return f"{META_PREFIX}{shard_tag(shard)}"
 
 
-def offset_key(redis_id: int) -> str:
+def offset_key(shard: int) -> str:
     """The shard's offset counter."""
-    return f"{OFFSET_PREFIX}{shard_tag(redis_id)}"
+    return f"{OFFSET_PREFIX}{shard_tag(shard)}"
 
 
-def rebuild_attempts_key(redis_id: int) -> str:
+def rebuild_attempts_key(shard: int) -> str:
     """The shard's unfinished rebuild attempts."""
-    return f"{REBUILD_ATTEMPTS_PREFIX}{shard_tag(redis_id)}"
+    return f"{REBUILD_ATTEMPTS_PREFIX}{shard_tag(shard)}"
 
 
-def maintenance_lease_name(redis_id: int) -> str:
+def maintenance_lease_name(shard: int) -> str:
     """The name of the shard's maintenance lease (lease package)."""
-    return f"{shard_tag(redis_id)}:maintenance"
+    return f"{shard_tag(shard)}:maintenance"
 
 
-def maintaining_key(redis_id: int) -> str:
+def maintaining_key(shard: int) -> str:
     """The key that exists while the shard is in maintenance: its maintenance lease."""
-    return lease_key(maintenance_lease_name(redis_id))
+    return lease_key(maintenance_lease_name(shard))
 
 
 # --- queue keys -----------------------------------------------------------------------------
 
 
-def redo_key(redis_id: int, queue: str) -> str:
+def redo_key(shard: int, queue: str) -> str:
     """The queue's redo-log stream."""
-    return f"{REDO_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
+    return f"{REDO_PREFIX}{shard_tag(shard)}:{_queue(queue)}"
 
 
-def redo_cursor_key(redis_id: int, queue: str) -> str:
+def redo_cursor_key(shard: int, queue: str) -> str:
     """The queue's sync cursor."""
-    return f"{REDO_CURSOR_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
+    return f"{REDO_CURSOR_PREFIX}{shard_tag(shard)}:{_queue(queue)}"
 
 
-def offsets_key(redis_id: int, queue: str) -> str:
+def offsets_key(shard: int, queue: str) -> str:
     """The queue's per-SKU restocked offsets."""
-    return f"{OFFSETS_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
+    return f"{OFFSETS_PREFIX}{shard_tag(shard)}:{_queue(queue)}"
 
 
-def delay_key(redis_id: int, queue: str) -> str:
+def delay_key(shard: int, queue: str) -> str:
     """The queue's delay queue."""
-    return f"{DELAY_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
+    return f"{DELAY_PREFIX}{shard_tag(shard)}:{_queue(queue)}"
 
 
-def attempts_key(redis_id: int, queue: str) -> str:
+def attempts_key(shard: int, queue: str) -> str:
     """The queue's failed-attempt counts."""
-    return f"{ATTEMPTS_PREFIX}{shard_tag(redis_id)}:{_queue(queue)}"
+    return f"{ATTEMPTS_PREFIX}{shard_tag(shard)}:{_queue(queue)}"
 
 
-def drain_lease_name(redis_id: int, queue: str) -> str:
+def drain_lease_name(shard: int, queue: str) -> str:
     """The name of the queue drainer's lease (lease package)."""
-    return f"{shard_tag(redis_id)}:drain:{_queue(queue)}"
+    return f"{shard_tag(shard)}:drain:{_queue(queue)}"
 
 
-def drain_lock_key(redis_id: int, queue: str) -> str:
+def drain_lock_key(shard: int, queue: str) -> str:
     """The key holding the queue drainer's lease token."""
-    return lease_key(drain_lease_name(redis_id, queue))
+    return lease_key(drain_lease_name(shard, queue))
 
 
 # --- each script's KEYS, in its order (the header of its lua/*.lua names them) -------------
 
 
-def deduct_keys(redis_id: int, queue: str) -> list[str]:
+def deduct_keys(shard: int, queue: str) -> list[str]:
     """Every key deduct.lua touches, in its KEYS order."""
-    return [stock_key(redis_id), deducted_key(redis_id), redo_key(redis_id, queue),
-            term_key(redis_id), offset_key(redis_id), maintaining_key(redis_id)]
+    return [stock_key(shard), deducted_key(shard), redo_key(shard, queue),
+            term_key(shard), offset_key(shard), maintaining_key(shard)]
 
 
-def due_keys(redis_id: int, queue: str) -> list[str]:
-    """Every key due.lua touches, in its KEYS order."""
-    return [delay_key(redis_id, queue)]
-
-
-def take_keys(redis_id: int, queue: str) -> list[str]:
+def take_keys(shard: int, queue: str) -> list[str]:
     """Every key take.lua touches, in its KEYS order."""
-    return [delay_key(redis_id, queue), attempts_key(redis_id, queue)]
+    return [delay_key(shard, queue), attempts_key(shard, queue)]
 
 
-def sync_keys(redis_id: int, queue: str) -> list[str]:
+def sync_keys(shard: int, queue: str) -> list[str]:
     """Every key sync.lua touches, in its KEYS order."""
-    return [redo_key(redis_id, queue), redo_cursor_key(redis_id, queue),
-            delay_key(redis_id, queue), maintaining_key(redis_id)]
+    return [redo_key(shard, queue), redo_cursor_key(shard, queue),
+            delay_key(shard, queue), maintaining_key(shard)]
 
 
-def restock_keys(redis_id: int, queue: str) -> list[str]:
+def restock_keys(shard: int, queue: str) -> list[str]:
     """Every key restock.lua touches, in its KEYS order."""
-    return [maintaining_key(redis_id), drain_lock_key(redis_id, queue), term_key(redis_id),
-            offsets_key(redis_id, queue), stock_key(redis_id), deducted_key(redis_id),
-            delay_key(redis_id, queue), attempts_key(redis_id, queue)]
+    return [maintaining_key(shard), drain_lock_key(shard, queue), term_key(shard),
+            offsets_key(shard, queue), stock_key(shard), deducted_key(shard),
+            delay_key(shard, queue), attempts_key(shard, queue)]
 
 
-def discard_keys(redis_id: int, queue: str) -> list[str]:
+def discard_keys(shard: int, queue: str) -> list[str]:
     """Every key discard.lua touches, in its KEYS order."""
-    return [drain_lock_key(redis_id, queue), delay_key(redis_id, queue),
-            attempts_key(redis_id, queue), deducted_key(redis_id)]
+    return [drain_lock_key(shard, queue), delay_key(shard, queue),
+            attempts_key(shard, queue), deducted_key(shard)]
 
 
-def rebuild_keys(redis_id: int, queues: Sequence[str]) -> list[str]:
+def rebuild_keys(shard: int, queues: Sequence[str]) -> list[str]:
     """Every key rebuild.lua touches, in its KEYS order: the shard's, then two per queue."""
-    keys = [maintaining_key(redis_id), stock_key(redis_id), term_key(redis_id),
-            deducted_key(redis_id), offset_key(redis_id)]
+    keys = [maintaining_key(shard), stock_key(shard), term_key(shard),
+            deducted_key(shard), offset_key(shard)]
     for queue in queues:
-        keys += [redo_key(redis_id, queue), offsets_key(redis_id, queue)]
+        keys += [redo_key(shard, queue), offsets_key(shard, queue)]
     return keys

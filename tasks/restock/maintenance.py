@@ -1,15 +1,15 @@
-"""A Redis stock node's maintenance (seed 002's consistency check): rebuild it from the database.
+"""A Redis stock shard's maintenance (seed 002's consistency check): rebuild it from the database.
 
-The rebuild holds the node's maintenance lease ``{node:N}:maintenance`` for its whole run;
-while that lease exists every stock script of the node refuses (MAINTAINING), so deductions,
+The rebuild holds the shard's maintenance lease ``{stock:N}:maintenance`` for its whole run;
+while that lease exists every stock script of the shard refuses (MAINTAINING), so deductions,
 syncs and drains wait and nothing moves under the recount::
 
-    rebuilder  acquire {node:N}:maintenance           held elsewhere -> BUSY
-      0  rebuild-attempts:{node:N} += 1 (before any work, so a rebuild that kills its
+    rebuilder  acquire {stock:N}:maintenance           held elsewhere -> BUSY
+      0  rebuild-attempts:{stock:N} += 1 (before any work, so a rebuild that kills its
          process counts); past the cap: one dead letter, then DEAD_LETTERED until the
          count's TTL (one maintenance interval) ends or an operator forces a rebuild
       1  DB, one snapshot (REPEATABLE READ; SQLite's read transaction), read in chunks with a
-         heartbeat after each: the node's SKUs (totals), the highest offset an item
+         heartbeat after each: the shard's SKUs (totals), the highest offset an item
          recorded, the paid stock per SKU summed by the database per range of `chunk`
          offsets (GROUP BY: paid history is never loaded row by row, and no statement covers
          more than about `chunk` items, however long a SKU's history), and the items that
@@ -20,17 +20,17 @@ syncs and drains wait and nothing moves under the recount::
       3  rebuild.lua in chunks (token-checked): term, offset counter >= the database's,
          stock = total - held - paid, and a new redo entry in the new term for every unpaid
          item still holding stock
-      4  meta:{node:N}: next window = node clock + MAINTENANCE_EVERY; release the lease;
+      4  meta:{stock:N}: next window = shard clock + MAINTENANCE_EVERY; release the lease;
          the attempt count is deleted
 
-A node is due when its window has passed on its own clock, when it has no schedule (new, or
+A shard is due when its window has passed on its own clock, when it has no schedule (new, or
 restarted empty), or when it is stale: its term or offset counter is behind the database's, or
 it lacks the stock of a SKU the database assigns it (restored from an older snapshot, a lagging
-replica, an empty restart). A stale node refuses deductions (deduct.lua: STALE) until then.
+replica, an empty restart). A stale shard refuses deductions (deduct.lua: STALE) until then.
 
 Entries of older terms meet WRONG_TERM afterwards: the recount already returned (or kept) their
 stock, and each unpaid item has its new entry, due at its original time. A rebuild that dies
-leaves its lease to expire (the window closes by itself) and the node still due, so the next
+leaves its lease to expire (the window closes by itself) and the shard still due, so the next
 beat tick runs it again; every step above can be repeated.
 """
 
@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, NotAcquired
 from tasks.deadletters.store import DeadLetters
-from tasks.restock.holds import recorded_generation
+from tasks.restock.holds import behind_database, recorded_generation
 from tasks.restock.keys import (
     deducted_key,
     maintenance_lease_name,
@@ -58,10 +58,10 @@ from tasks.restock.keys import (
     stock_key,
     term_key,
 )
-from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import MalformedEntry, format_entry, parse_entry
 from tasks.restock.replies import LockNotHeld
 from tasks.restock.scripts import Generation, Reissue
+from tasks.restock.shards import StockShard
 from tasks.restock.tables import ORDER_ITEMS, ORDERS, RESTOCK_NODES, SKUS, ItemState
 from tasks.store.db import WRITE_INTENT, utcnow
 
@@ -69,7 +69,7 @@ __all__ = ["MAX_ATTEMPTS", "REBUILD_DEAD_LETTER_KIND", "RebuildOutcome", "Rebuil
            "Rebuilder"]
 
 REBUILD_DEAD_LETTER_KIND = "restock-rebuild"
-MAX_ATTEMPTS = 3  # rebuilds of a node started and never finished before it is dead-lettered
+MAX_ATTEMPTS = 3  # rebuilds of a shard started and never finished before it is dead-lettered
 
 log = logging.getLogger("tasks.restock")
 
@@ -78,15 +78,15 @@ T = TypeVar("T")
 
 class RebuildOutcome:
     NOT_DUE = "not-due"
-    BUSY = "busy"  # another rebuild of this node is running
+    BUSY = "busy"  # another rebuild of this shard is running
     REBUILT = "rebuilt"
-    LOST = "lost"  # the maintenance lease was lost mid-way; the node stays due
+    LOST = "lost"  # the maintenance lease was lost mid-way; the shard stays due
     DEAD_LETTERED = "dead-lettered"  # it kept dying: dead-lettered, not run (see module doc)
 
 
 @dataclass
 class RebuildReport:
-    node: int
+    shard: int
     outcome: str
     term: int = 0
     skus: int = 0
@@ -94,7 +94,7 @@ class RebuildReport:
     next_maintain_ms: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "outcome": self.outcome, "term": self.term,
+        return {"node": self.shard, "outcome": self.outcome, "term": self.term,
                 "skus": self.skus, "reissued": self.reissued,
                 "next_maintain_ms": self.next_maintain_ms}
 
@@ -108,14 +108,14 @@ def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 class _Read:
     """What the rebuild read from the database, in one snapshot."""
 
-    generation: Generation  # the database's view of the node (its max offset is used)
+    generation: Generation  # the database's view of the shard (its max offset is used)
     skus: list[tuple[str, int]]  # (sku_id, total)
     out: dict[str, int]  # sku_id -> units held or paid
     holding: list[Reissue]  # unpaid items still holding stock, to re-issue
 
 
 class Rebuilder:
-    """Rebuilds one node's stock from the database, in its maintenance window.
+    """Rebuilds one shard's stock from the database, in its maintenance window.
 
     `chunk` bounds every read and every script call (SKUs or items per round trip); the
     holder heartbeats after each, so a rebuild lasts as long as it keeps making progress,
@@ -126,7 +126,7 @@ class Rebuilder:
     def __init__(
         self,
         sessions: sessionmaker[Session],
-        node: StockNode,
+        shard: StockShard,
         queues: Sequence[str],
         *,
         every_ms: int = 3 * 3600 * 1000,
@@ -138,7 +138,7 @@ class Rebuilder:
         if chunk <= 0 or max_attempts <= 0 or every_ms <= 0:
             raise ValueError("chunk, max_attempts and every_ms must be positive")
         self.sessions = sessions
-        self.node = node
+        self.shard = shard
         self.queues = list(queues)
         self.every_ms = every_ms
         self.lease_ttl = lease_ttl
@@ -148,67 +148,66 @@ class Rebuilder:
         self.dead_letters = DeadLetters(sessions)
 
     def next_window_ms(self) -> int | None:
-        """When the node's next maintenance window opens (node clock); None if the node has
+        """When the shard's next maintenance window opens (shard clock); None if the shard has
         no schedule (new, or restarted empty): it is due at once."""
-        raw = self.node.client.hget(meta_key(self.node.redis_id), "next_maintain_ms")
+        raw = self.shard.client.hget(meta_key(self.shard.number), "next_maintain_ms")
         return None if raw is None else int(raw)
 
     def stale(self) -> bool:
-        """True if the node is behind the database: its term or offset counter is older than
+        """True if the shard is behind the database: its term or offset counter is older than
         the database recorded, or it lacks the stock of one of its SKUs."""
-        node = self.node.redis_id
+        shard = self.shard.number
         with self.sessions() as session:
-            known = recorded_generation(session, node)
+            known = recorded_generation(session, shard)
             skus = session.execute(select(func.count()).select_from(SKUS)
-                                   .where(SKUS.c.redis_id == node)).scalar() or 0
-        with self.node.client.pipeline(transaction=False) as pipe:
-            pipe.get(term_key(node))
-            pipe.get(offset_key(node))
-            pipe.hlen(stock_key(node))
+                                   .where(SKUS.c.redis_id == shard)).scalar() or 0
+        with self.shard.client.pipeline(transaction=False) as pipe:
+            pipe.get(term_key(shard))
+            pipe.get(offset_key(shard))
+            pipe.hlen(stock_key(shard))
             term, offset, stocked = pipe.execute()
-        return (int(term or 0) < known.term or int(offset or 0) < known.offset
-                or int(stocked) < skus)
+        return behind_database(term, offset, stocked, known, skus)
 
     def due(self) -> bool:
         window = self.next_window_ms()
-        return window is None or window <= self.node.now_ms() or self.stale()
+        return window is None or window <= self.shard.now_ms() or self.stale()
 
     def rebuild(self, force: bool = False) -> RebuildReport:
-        """Rebuild the node if it is due (or `force`: also clears a dead-lettered count)."""
-        node = self.node.redis_id
+        """Rebuild the shard if it is due (or `force`: also clears a dead-lettered count)."""
+        shard = self.shard.number
         if force:
-            self.node.client.delete(rebuild_attempts_key(node))
+            self.shard.client.delete(rebuild_attempts_key(shard))
         elif not self.due():
-            return RebuildReport(node, RebuildOutcome.NOT_DUE,
+            return RebuildReport(shard, RebuildOutcome.NOT_DUE,
                                  next_maintain_ms=self.next_window_ms() or 0)
         try:
-            lease = self.node.leases.acquire(maintenance_lease_name(node), ttl=self.lease_ttl)
+            lease = self.shard.leases.acquire(maintenance_lease_name(shard), ttl=self.lease_ttl)
         except NotAcquired:
-            return RebuildReport(node, RebuildOutcome.BUSY)
+            return RebuildReport(shard, RebuildOutcome.BUSY)
         try:
             with lease:
                 return self._attempt(lease)
         except (LeaseLost, LockNotHeld):
-            log.warning("rebuild of node %d lost its maintenance lease; it stays due", node)
-            return RebuildReport(node, RebuildOutcome.LOST)
+            log.warning("rebuild of shard %d lost its maintenance lease; it stays due", shard)
+            return RebuildReport(shard, RebuildOutcome.LOST)
 
     def _attempt(self, lease: Lease) -> RebuildReport:
         """Count the attempt before any work (write-ahead: a process that dies keeps it), run
         it, and take the count back unless the process died."""
-        node = self.node.redis_id
-        key = rebuild_attempts_key(node)
-        with self.node.client.pipeline(transaction=False) as pipe:
+        shard = self.shard.number
+        key = rebuild_attempts_key(shard)
+        with self.shard.client.pipeline(transaction=False) as pipe:
             pipe.incr(key)
             pipe.pexpire(key, self.every_ms, nx=True)
             attempts = int(pipe.execute()[0])
         if attempts > self.max_attempts:
             if attempts == self.max_attempts + 1:
-                reason = (f"rebuild of node {node} started {attempts - 1} times without "
+                reason = (f"rebuild of shard {shard} started {attempts - 1} times without "
                           f"finishing (REDELIVERY_CAP={self.max_attempts}): it keeps killing "
                           "its worker; force a rebuild once the cause is fixed")
-                self.dead_letters.add(REBUILD_DEAD_LETTER_KIND, f"node {node}", reason,
-                                      {"node": node, "attempts": attempts - 1})
-            return RebuildReport(node, RebuildOutcome.DEAD_LETTERED)
+                self.dead_letters.add(REBUILD_DEAD_LETTER_KIND, f"node {shard}", reason,
+                                      {"node": shard, "attempts": attempts - 1})
+            return RebuildReport(shard, RebuildOutcome.DEAD_LETTERED)
         done = False
         try:
             report = self._rebuild(lease)
@@ -216,45 +215,45 @@ class Rebuilder:
             return report
         finally:
             if done:
-                self.node.client.delete(key)
+                self.shard.client.delete(key)
             else:
-                self.node.client.decr(key)
+                self.shard.client.decr(key)
 
     def _rebuild(self, lease: Lease) -> RebuildReport:
-        node = self.node.redis_id
+        shard = self.shard.number
         read = self._read(lease)
         stock = []
         for sku_id, total in read.skus:
             free = total - read.out[sku_id]
             if free < 0:
-                log.error("node %d SKU %s: %d units held or sold of %d in total", node,
+                log.error("shard %d SKU %s: %d units held or sold of %d in total", shard,
                           sku_id, read.out[sku_id], total)
             stock.append((sku_id, max(free, 0)))
         generation = Generation(self._next_term(), read.generation.offset)
         lease.check()
         new_entries = []
-        scripts = self.node.scripts
+        scripts = self.shard.scripts
         for part in _chunks(stock, self.chunk):
-            scripts.rebuild(node, self.queues, lease.token, generation, part, [])
+            scripts.rebuild(shard, self.queues, lease.token, generation, part, [])
             lease.heartbeat()
         for lines in _chunks(read.holding, self.chunk):
-            new_entries += scripts.rebuild(node, self.queues, lease.token, generation, [],
+            new_entries += scripts.rebuild(shard, self.queues, lease.token, generation, [],
                                            lines)
             lease.heartbeat()
         if not stock and not read.holding:
-            scripts.rebuild(node, self.queues, lease.token, generation, [], [])
+            scripts.rebuild(shard, self.queues, lease.token, generation, [], [])
         self._promote(new_entries)
-        now = self.node.now_ms()
+        now = self.shard.now_ms()
         next_ms = now + self.every_ms
-        self.node.client.hset(meta_key(node), mapping={"next_maintain_ms": next_ms,
+        self.shard.client.hset(meta_key(shard), mapping={"next_maintain_ms": next_ms,
                                                        "rebuilt_ms": now})
         with self.sessions.begin() as session:
-            session.execute(update(RESTOCK_NODES).where(RESTOCK_NODES.c.redis_id == node)
+            session.execute(update(RESTOCK_NODES).where(RESTOCK_NODES.c.redis_id == shard)
                             .values(rebuilt_at=utcnow(), next_maintain_at=utcnow()
                                     + timedelta(milliseconds=self.every_ms)))
-        log.info("node %d rebuilt: term %d, %d SKUs, %d items re-issued", node,
+        log.info("shard %d rebuilt: term %d, %d SKUs, %d items re-issued", shard,
                  generation.term, len(stock), len(read.holding))
-        return RebuildReport(node, RebuildOutcome.REBUILT, generation.term, len(stock),
+        return RebuildReport(shard, RebuildOutcome.REBUILT, generation.term, len(stock),
                              len(read.holding), next_ms)
 
     def _progress(self, lease: Lease) -> None:
@@ -266,13 +265,13 @@ class Rebuilder:
 
     def _read(self, lease: Lease) -> _Read:
         """Everything the recount needs, from one database snapshot, chunk by chunk."""
-        node = self.node.redis_id
+        shard = self.shard.number
         with self.sessions() as session:
             if session.get_bind().dialect.name != "sqlite":  # SQLite reads one snapshot
                 session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-            generation = recorded_generation(session, node)
+            generation = recorded_generation(session, shard)
             skus = [(r.sku_id, int(r.total)) for r in session.execute(
-                select(SKUS.c.sku_id, SKUS.c.total).where(SKUS.c.redis_id == node)
+                select(SKUS.c.sku_id, SKUS.c.total).where(SKUS.c.redis_id == shard)
                 .order_by(SKUS.c.sku_id))]
             out = self._paid(session, lease, generation.offset)
             unpaid = self._unpaid(session, lease)
@@ -283,15 +282,15 @@ class Rebuilder:
         return _Read(generation, skus, out, holding)
 
     def _paid(self, session: Session, lease: Lease, max_offset: int) -> dict[str, int]:
-        """Units paid per SKU of the node, summed by the database one range of `chunk`
+        """Units paid per SKU of the shard, summed by the database one range of `chunk`
         offsets at a time (index (redis_id, redo_offset); offsets are handed out once per
-        node, so a range holds at most about `chunk` items): every statement is bounded by
-        items, however many a SKU has. An item is the node's by its own redis_id (a change of
+        shard, so a range holds at most about `chunk` items): every statement is bounded by
+        items, however many a SKU has. An item is the shard's by its own redis_id (a change of
         RESTOCK_SHARDS moves every item with its SKU: docs/decisions.md). Paid items
         recorded before offsets existed (migration 0006) have none and are summed in one
         statement, only if there are any."""
-        node = self.node.redis_id
-        paid = (ORDER_ITEMS.c.redis_id == node, ORDER_ITEMS.c.state == ItemState.PAID)
+        shard = self.shard.number
+        paid = (ORDER_ITEMS.c.redis_id == shard, ORDER_ITEMS.c.state == ItemState.PAID)
         out: dict[str, int] = defaultdict(int)
 
         def add(*where: Any) -> None:
@@ -309,7 +308,7 @@ class Rebuilder:
         return out
 
     def _unpaid(self, session: Session, lease: Lease) -> list[Any]:
-        """The node's 'held' and 'reserving' items, by keyset chunks (a delay's worth)."""
+        """The shard's 'held' and 'reserving' items, by keyset chunks (a delay's worth)."""
         rows: list[Any] = []
         last = ""
         while True:
@@ -318,7 +317,7 @@ class Rebuilder:
                        ORDER_ITEMS.c.state, ORDER_ITEMS.c.queue, ORDER_ITEMS.c.time_ms,
                        ORDERS.c.member_id)
                 .join(ORDERS, ORDERS.c.order_id == ORDER_ITEMS.c.order_id)
-                .where(ORDER_ITEMS.c.redis_id == self.node.redis_id,
+                .where(ORDER_ITEMS.c.redis_id == self.shard.number,
                        ORDER_ITEMS.c.state.in_((ItemState.RESERVING, ItemState.HELD)),
                        ORDER_ITEMS.c.order_item_id > last)
                 .order_by(ORDER_ITEMS.c.order_item_id).limit(self.chunk)))
@@ -334,7 +333,7 @@ class Rebuilder:
         reserving = [i.order_item_id for i in unpaid if i.state == ItemState.RESERVING]
         times: dict[str, int] = {}
         for ids in _chunks(reserving, self.chunk):
-            records = self.node.client.hmget(deducted_key(self.node.redis_id), list(ids))
+            records = self.shard.client.hmget(deducted_key(self.shard.number), list(ids))
             for oid, record in zip(ids, records, strict=True):
                 if record is not None:
                     times[oid] = _record_time(record)
@@ -344,17 +343,17 @@ class Rebuilder:
                 if i.state == ItemState.HELD or i.order_item_id in times]
 
     def _next_term(self) -> int:
-        node = self.node.redis_id
-        in_redis = int(self.node.client.get(term_key(node)) or 0)
+        shard = self.shard.number
+        in_redis = int(self.shard.client.get(term_key(shard)) or 0)
         with self.sessions.begin() as session:
             session.connection(execution_options=WRITE_INTENT)
             stored = session.execute(select(RESTOCK_NODES.c.term)
-                                     .where(RESTOCK_NODES.c.redis_id == node)).scalar()
+                                     .where(RESTOCK_NODES.c.redis_id == shard)).scalar()
             term = max(stored or 0, in_redis) + 1
             if stored is None:
-                session.execute(insert(RESTOCK_NODES).values(redis_id=node, term=term))
+                session.execute(insert(RESTOCK_NODES).values(redis_id=shard, term=term))
             else:
-                session.execute(update(RESTOCK_NODES).where(RESTOCK_NODES.c.redis_id == node)
+                session.execute(update(RESTOCK_NODES).where(RESTOCK_NODES.c.redis_id == shard)
                                 .values(term=term))
         return term
 

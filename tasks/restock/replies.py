@@ -64,7 +64,7 @@ class Action(enum.Enum):
     REJECTED = "rejected"  # refused for good: retrying the same call cannot succeed
     RESTOCKED = "restocked"  # the entry's stock is back; entry removed
     SKIPPED = "skipped"  # entry consumed without a stock change; entry removed
-    ABORT_BATCH = "abort_batch"  # node busy or queue full: stop, try again later
+    ABORT_BATCH = "abort_batch"  # shard busy or queue full: stop, try again later
     REACQUIRE = "reacquire"  # the drain lock is not ours: stop the batch, re-acquire first
     FAILED = "failed"  # this entry could not be applied, nothing changed for it: an attempt
 
@@ -77,7 +77,7 @@ ACTIONS: dict[str, Action] = {
     BAD_QUANTITY: Action.REJECTED,
     INSUFFICIENT: Action.REJECTED,
     MAINTAINING: Action.ABORT_BATCH,  # also: deduct refused; retry after the window
-    STALE: Action.ABORT_BATCH,  # deduct refused until the node's rebuild
+    STALE: Action.ABORT_BATCH,  # deduct refused until the shard's rebuild
     FULL: Action.ABORT_BATCH,
     SUCCESS: Action.RESTOCKED,
     WRONG_TERM: Action.SKIPPED,
@@ -98,7 +98,7 @@ class StockError(Exception):
 
 
 class UnknownSku(StockError):
-    """The node has no such SKU."""
+    """The shard has no such SKU."""
 
 
 class BadQuantity(StockError):
@@ -110,11 +110,11 @@ class InsufficientStock(StockError):
 
 
 class NodeMaintaining(StockError):
-    """The node is being rebuilt; nothing was done. Try again after the window."""
+    """The shard is being rebuilt; nothing was done. Try again after the window."""
 
 
 class NodeStale(StockError):
-    """The node is older than the database (its term or offset counter is behind what the
+    """The shard is older than the database (its term or offset counter is behind what the
     database recorded): it lost writes. Nothing was done; deductions wait for its rebuild."""
 
 

@@ -3,9 +3,9 @@
 A SKU lives in one logical shard, ``crc32(sku_id) % shards``: fixed for a given shard count
 (RESTOCK_SHARDS), whatever the Redis layout, so "never below zero" is one script in one slot
 and a rebuild recomputes a SKU in one place. Where a shard's slot lives (one Redis, a Cluster
-master, master N % masters) is `tasks.restock.nodes`'s business, never the SKU's. Within the
+master, master N % masters) is `tasks.restock.shards`'s business, never the SKU's. Within the
 shard, the member id picks the delay queue (as the seed routes by member), spreading drain
-work. The queue names are the settings' (``Settings.restock_queue_names``: q0, q1, ...),
+work. The queue names are the settings' (the restock section's ``queue_names``: q0, q1, ...),
 passed in, never spelled here.
 """
 

@@ -1,14 +1,12 @@
-"""The stock scripts of a restock node (seed 002): registered once per client, run behind
+"""The stock scripts of a restock shard (seed 002): registered once per client, run behind
 typed wrappers that check their arguments and turn reply codes into results or exceptions.
 
-Within a node, stock is deducted into per-queue redo logs, each drained through its own delay
+Within a shard, stock is deducted into per-queue redo logs, each drained through its own delay
 queue. One script per step, each a file of ``lua/`` whose header names its KEYS, ARGV and
 reply::
 
     deduct.lua   stock -= qty, record the deduction, append a redo-log entry
     sync.lua     redo log -> delay queue (sorted set scored by due time)
-    due.lua      the delay queue's due entries, by the node's clock (a read-only view;
-                 the drainer takes its batches with take.lua)
     take.lua     a drain batch of due entries, an attempt counted at each first (write-ahead)
     restock.lua  due entries of unpaid orders -> stock += qty, exactly once per entry
     discard.lua  remove dead-lettered entries from the delay queue (drainer only)
@@ -18,15 +16,15 @@ Keys come from :mod:`tasks.restock.keys` (one builder per script's KEYS), reply 
 their exceptions from :mod:`tasks.restock.replies`; loading and NOSCRIPT handling are the
 platform's (`lease.scripts.load_lua`, `lease.scripts.run_script`).
 
-One clock: entry times and "now" come from the node itself (Redis ``TIME``, read inside
-deduct.lua, sync.lua, due.lua and take.lua), never from a worker's wall clock, so a worker
+One clock: entry times and "now" come from the shard itself (Redis ``TIME``, read inside
+deduct.lua, sync.lua and take.lua), never from a worker's wall clock, so a worker
 whose clock is off moves no due time and releases nothing early; sync.lua clamps a stream
-time ahead of that clock to it. Tests substitute a fake *node* clock (shared by
+time ahead of that clock to it. Tests substitute a fake *shard* clock (shared by
 every process of the test) through ``StockScripts(clock=...)``; production passes none.
 
-One generation: the database records the node's term (every rebuild) and every deduction's
-offset; deduct.lua refuses (STALE) while the node's own term or offset counter is behind
-them, i.e. the node came back older than the database (an older snapshot, a lagging replica,
+One generation: the database records the shard's term (every rebuild) and every deduction's
+offset; deduct.lua refuses (STALE) while the shard's own term or offset counter is behind
+them, i.e. the shard came back older than the database (an older snapshot, a lagging replica,
 an empty restart), until a rebuild levels it.
 """
 
@@ -42,7 +40,6 @@ from lease.scripts import load_lua, run_script
 from tasks.restock.keys import (
     deduct_keys,
     discard_keys,
-    due_keys,
     rebuild_keys,
     restock_keys,
     sync_keys,
@@ -64,7 +61,6 @@ __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_DELAY_MS",
     "DISCARD",
-    "DUE",
     "REBUILD",
     "RESTOCK",
     "SYNC",
@@ -78,7 +74,6 @@ __all__ = [
 
 DEDUCT = load_lua("tasks.restock", "deduct")
 SYNC = load_lua("tasks.restock", "sync")
-DUE = load_lua("tasks.restock", "due")
 TAKE = load_lua("tasks.restock", "take")
 RESTOCK = load_lua("tasks.restock", "restock")
 DISCARD = load_lua("tasks.restock", "discard")
@@ -92,8 +87,8 @@ DEFAULT_CAPACITY = RestockSettings.capacity
 
 @dataclass(frozen=True)
 class Generation:
-    """How far the database has seen node's state go: the last term a rebuild handed out and
-    the highest offset an order item recorded. A node behind either lost writes."""
+    """How far the database has seen shard's state go: the last term a rebuild handed out and
+    the highest offset an order item recorded. A shard behind either lost writes."""
 
     term: int = 0
     offset: int = 0
@@ -101,7 +96,7 @@ class Generation:
 
 @dataclass(frozen=True)
 class Reissue:
-    """An order item that still holds stock unpaid when its node is rebuilt."""
+    """An order item that still holds stock unpaid when its shard is rebuilt."""
 
     queue: str
     order_item_id: str
@@ -130,17 +125,16 @@ class RestockResult:
 
 
 class StockScripts:
-    """The node's scripts registered on one client, behind typed wrappers.
+    """The shard's scripts registered on one client, behind typed wrappers.
 
     Each public method checks its arguments, and its ``_do_*`` twin runs the script. Times
-    come from the node: `clock` is None in production (the scripts read Redis ``TIME``); a
-    test passes a fake clock that stands for the node's and is shared by all its processes.
+    come from the shard: `clock` is None in production (the scripts read Redis ``TIME``); a
+    test passes a fake clock that stands for the shard's and is shared by all its processes.
     """
 
     def __init__(self, client: Any, clock: Callable[[], int] | None = None) -> None:
         self.client = client
         self.clock = clock
-        self.due_script = client.register_script(DUE)
         self.take_script = client.register_script(TAKE)
         self.deduct_script = client.register_script(DEDUCT)
         self.sync_script = client.register_script(SYNC)
@@ -149,11 +143,11 @@ class StockScripts:
         self.rebuild_script = client.register_script(REBUILD)
 
     def _now_arg(self) -> str:
-        """The scripts' `now` argument: '' (Redis TIME) unless a test injected a node clock."""
+        """The scripts' `now` argument: '' (Redis TIME) unless a test injected a shard clock."""
         return "" if self.clock is None else str(int(self.clock()))
 
     def now_ms(self) -> int:
-        """The node's clock in milliseconds: the one every due time and window is read on."""
+        """The shard's clock in milliseconds: the one every due time and window is read on."""
         if self.clock is not None:
             return int(self.clock())
         seconds, micros = self.client.time()
@@ -168,29 +162,29 @@ class StockScripts:
     # deduct ------------------------------------------------------------------------------
 
     def deduct(
-        self, redis_id: int, queue: str, order_item_id: str, sku_id: str, qty: int,
+        self, shard: int, queue: str, order_item_id: str, sku_id: str, qty: int,
         member_id: str, generation: Generation | None = None,
     ) -> Deduction:
         """Take `qty` of `sku_id` for `order_item_id` once; return the deduction on record.
 
-        `generation` is the node's state as the database knows it (default: nothing known).
+        `generation` is the shard's state as the database knows it (default: nothing known).
         Raises UnknownSku, BadQuantity, InsufficientStock, NodeMaintaining or NodeStale
         (nothing changed). A repeated call for the same order item returns the original entry
-        with ``duplicate=True``. The entry's time is the node's clock.
+        with ``duplicate=True``. The entry's time is the shard's clock.
         """
         for field, value in (("order_item_id", order_item_id), ("sku_id", sku_id),
                              ("member_id", member_id)):
             check_id(field, value)
-        return self._do_deduct(redis_id, queue, order_item_id, sku_id, qty, member_id,
+        return self._do_deduct(shard, queue, order_item_id, sku_id, qty, member_id,
                                generation or Generation())
 
     def _do_deduct(
-        self, redis_id: int, queue: str, order_item_id: str, sku_id: str, qty: int,
+        self, shard: int, queue: str, order_item_id: str, sku_id: str, qty: int,
         member_id: str, generation: Generation,
     ) -> Deduction:
-        keys = deduct_keys(redis_id, queue)
+        keys = deduct_keys(shard, queue)
         args: list[str | int] = [order_item_id, sku_id, str(qty), self._now_arg(), member_id,
-                                 queue, redis_id, MAX_SKU_NUM, generation.term,
+                                 queue, shard, MAX_SKU_NUM, generation.term,
                                  generation.offset]
         code, detail = (reply_text(part) for part in self.run(self.deduct_script, keys, args))
         raise_for(code, detail)
@@ -199,47 +193,38 @@ class StockScripts:
     # sync --------------------------------------------------------------------------------
 
     def sync(
-        self, redis_id: int, queue: str, count: int = 100, capacity: int = DEFAULT_CAPACITY,
+        self, shard: int, queue: str, count: int = 100, capacity: int = DEFAULT_CAPACITY,
         delay_ms: int = DEFAULT_DELAY_MS,
     ) -> int:
         """Move up to `count` redo-log entries into the delay queue; return how many moved.
 
-        An entry is due `delay_ms` after its time, a time ahead of the node's clock (or not a
-        time) counting as the node's now; a queued due time past now + delay + capacity is
+        An entry is due `delay_ms` after its time, a time ahead of the shard's clock (or not a
+        time) counting as the shard's now; a queued due time past now + delay + capacity is
         re-scored as if synced now (sync.lua). Raises NodeMaintaining or QueueFull; the
         entries then stay in the log for a later call.
         """
         if count <= 0 or capacity <= 0 or delay_ms < 0:
             raise ValueError("count and capacity must be positive, delay_ms non-negative")
         code, detail = (reply_text(part) for part in self.run(
-            self.sync_script, sync_keys(redis_id, queue),
+            self.sync_script, sync_keys(shard, queue),
             [count, capacity, delay_ms, self._now_arg()]))
         raise_for(code, detail)
         return int(detail)
 
     # restock -----------------------------------------------------------------------------
 
-    def due(self, redis_id: int, queue: str, limit: int = 100) -> list[bytes]:
-        """The delay queue's members due now by the node's clock, earliest first, as the raw
-        bytes stored (a member need not even be UTF-8)."""
-        if limit <= 0:
-            raise ValueError("limit must be positive")
-        members = self.run(self.due_script, due_keys(redis_id, queue),
-                           [self._now_arg(), limit])
-        return [m if isinstance(m, bytes) else str(m).encode() for m in members]
-
-    def take(self, redis_id: int, queue: str, limit: int = 100) -> list[tuple[bytes, int]]:
+    def take(self, shard: int, queue: str, limit: int = 100) -> list[tuple[bytes, int]]:
         """A drain batch of the queue's due members, each with its attempt count after the one
         counted here (write-ahead): every due member, up to `limit`, earliest first, or the
         first one an earlier batch counted and never finished, alone. One round trip."""
         if limit <= 0:
             raise ValueError("limit must be positive")
-        reply = self.run(self.take_script, take_keys(redis_id, queue), [self._now_arg(), limit])
+        reply = self.run(self.take_script, take_keys(shard, queue), [self._now_arg(), limit])
         members = [m if isinstance(m, bytes) else str(m).encode() for m in reply[0::2]]
         return list(zip(members, (int(n) for n in reply[1::2]), strict=True))
 
     def restock(
-        self, redis_id: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
+        self, shard: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
     ) -> list[RestockResult]:
         """Apply `batch` of (entry, paid) in offset order; return one result per entry.
 
@@ -249,18 +234,18 @@ class StockScripts:
         (WRONGTYPE) when a key it writes holds another type: nothing changed then.
         """
         for entry, _paid in batch:
-            if entry.redis_id != redis_id or entry.queue != queue:
-                raise MalformedEntry(f"entry of node {entry.redis_id} queue {entry.queue!r} "
-                                     f"in a batch of node {redis_id} queue {queue!r}")
+            if entry.redis_id != shard or entry.queue != queue:
+                raise MalformedEntry(f"entry of shard {entry.redis_id} queue {entry.queue!r} "
+                                     f"in a batch of shard {shard} queue {queue!r}")
         if not batch:
             return []
-        return self._do_restock(redis_id, queue, token,
+        return self._do_restock(shard, queue, token,
                                 sorted(batch, key=lambda item: item[0].offset))
 
     def _do_restock(
-        self, redis_id: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
+        self, shard: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
     ) -> list[RestockResult]:
-        keys = restock_keys(redis_id, queue)
+        keys = restock_keys(shard, queue)
         texts = [format_entry(entry) for entry, _paid in batch]  # reused by the reply check
         args: list[str | int] = [token]
         for (entry, paid), text in zip(batch, texts, strict=True):
@@ -271,7 +256,7 @@ class StockScripts:
                     for s in self.run(self.restock_script, keys, args)]
         if len(statuses) != len(batch):
             raise UnexpectedReply("BAD_REPLY", f"{len(statuses)} statuses for {len(batch)}")
-        raise_for(statuses[0][0], f"batch of {len(batch)} on node {redis_id} queue {queue!r}")
+        raise_for(statuses[0][0], f"batch of {len(batch)} on shard {shard} queue {queue!r}")
         results = []
         for (entry, _paid), (status, _, detail), text in zip(batch, statuses, texts,
                                                             strict=True):
@@ -281,7 +266,7 @@ class StockScripts:
 
     # discard -----------------------------------------------------------------------------
 
-    def discard(self, redis_id: int, queue: str, token: str,
+    def discard(self, shard: int, queue: str, token: str,
                 members: Sequence[str | bytes]) -> int:
         """Remove dead-lettered `members` (exactly as stored) from the delay queue, with their
         attempt counts and records; return how many were there.
@@ -291,26 +276,26 @@ class StockScripts:
         if not members:
             return 0
         code, detail = (reply_text(part) for part in self.run(
-            self.discard_script, discard_keys(redis_id, queue), [token, *members]))
-        raise_for(code, f"discard on node {redis_id} queue {queue!r}")
+            self.discard_script, discard_keys(shard, queue), [token, *members]))
+        raise_for(code, f"discard on shard {shard} queue {queue!r}")
         return int(detail)
 
     # rebuild -----------------------------------------------------------------------------
 
     def rebuild(
-        self, redis_id: int, queues: Sequence[str], token: str, generation: Generation,
+        self, shard: int, queues: Sequence[str], token: str, generation: Generation,
         stock: Iterable[tuple[str, int]], reissue: Iterable[Reissue],
     ) -> list[RedoEntry]:
-        """Set the node's term to `generation.term` and its offset counter to at least
+        """Set the shard's term to `generation.term` and its offset counter to at least
         `generation.offset`, write `stock`, re-issue `reissue` in the new term.
 
         One chunk of a rebuild; raises LockNotHeld (nothing changed) unless `token` holds the
-        node's maintenance lease. Returns the re-issued entries.
+        shard's maintenance lease. Returns the re-issued entries.
         """
         index = {queue: q for q, queue in enumerate(queues)}
-        keys = rebuild_keys(redis_id, queues)
+        keys = rebuild_keys(shard, queues)
         pairs = [(check_id("sku_id", sku), int(qty)) for sku, qty in stock]
-        args: list[str | int] = [token, generation.term, redis_id, generation.offset,
+        args: list[str | int] = [token, generation.term, shard, generation.offset,
                                  len(pairs)]
         for sku, qty in pairs:
             args += [sku, qty]
@@ -318,5 +303,5 @@ class StockScripts:
             args += [index[item.queue], item.queue, item.order_item_id, item.sku_id,
                      item.qty, item.time_ms, item.member_id]
         reply = [reply_text(part) for part in self.run(self.rebuild_script, keys, args)]
-        raise_for(reply[0], f"rebuild of node {redis_id}")
+        raise_for(reply[0], f"rebuild of shard {shard}")
         return [parse_entry(entry) for entry in reply[1:]]

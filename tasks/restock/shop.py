@@ -15,22 +15,22 @@ them wins: a payment that comes after the release is refused (OrderExpired) and 
 after the payment finds the item paid. Every step can be repeated: a retried place_order
 finds its items in the database and gets each deduction on record back from Redis.
 
-Time: an item's time is its deduction's, stamped by the stock node's clock inside deduct.lua;
+Time: an item's time is its deduction's, stamped by the stock shard's clock inside deduct.lua;
 this module reads no clock for any decision (``utcnow`` only stamps rows).
 
-Generation: each deduction passes the node's generation as the database knows it (the term
-of its last rebuild, the highest offset an item recorded); a node behind it refuses (STALE)
-until rebuilt, so a node restored from an older snapshot cannot sell the same stock twice.
-A deduction the node lost before the database recorded it is caught by the check after
+Generation: each deduction passes the shard's generation as the database knows it (the term
+of its last rebuild, the highest offset an item recorded); a shard behind it refuses (STALE)
+until rebuilt, so a shard restored from an older snapshot cannot sell the same stock twice.
+A deduction the shard lost before the database recorded it is caught by the check after
 recording (tasks.restock.holds).
 
-Routing: the `Router` (tasks.restock.routing) picks a SKU's node and a member's delay queue.
+Routing: the `Router` (tasks.restock.routing) picks a SKU's shard and a member's delay queue.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
@@ -40,7 +40,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.restock.holds import check_holds, recorded_generation
 from tasks.restock.keys import stock_key
-from tasks.restock.redolog import MAX_SKU_NUM, RedoEntry, check_id, format_entry
+from tasks.restock.orders import DuplicateOrderItem, InvalidOrder, Line, OrderError, order_lines
+from tasks.restock.redolog import RedoEntry, check_id, format_entry
 from tasks.restock.replies import InsufficientStock, NodeMaintaining, NodeStale, UnknownSku
 from tasks.restock.routing import Router
 from tasks.restock.scripts import Generation, StockScripts
@@ -62,18 +63,6 @@ __all__ = [
 ]
 
 
-class OrderError(ValueError):
-    """Bad input for an order or a payment; nothing was changed."""
-
-
-class InvalidOrder(OrderError):
-    """The order's arguments cannot be an order (empty, malformed, bad quantity)."""
-
-
-class DuplicateOrderItem(OrderError):
-    """An order item id is repeated, or already belongs to another order or another line."""
-
-
 class UnknownOrder(OrderError):
     """No such order."""
 
@@ -87,7 +76,7 @@ class OrderPending(RuntimeError):
 
 
 class StockUnavailable(RuntimeError):
-    """A stock node cannot take the deduction now (unreachable, in maintenance, or restarted
+    """A stock shard cannot take the deduction now (unreachable, in maintenance, or restarted
     and not rebuilt yet); the item stays 'reserving' and a retry completes it."""
 
 
@@ -106,10 +95,15 @@ class SkuView:
     """A SKU's stock, in Redis and by the state of its order items (quantities)."""
 
     sku_id: str
-    node: int
+    shard: int
     total: int
     redis_stock: int | None
     by_state: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The view as `tasks.restock.inspect` returns it: the shard under its wire name,
+        ``node`` (docs/decisions.md, "Ranges and restock: one name per thing")."""
+        return {("node" if k == "shard" else k): v for k, v in asdict(self).items()}
 
     @property
     def consistent(self) -> bool:
@@ -117,9 +111,6 @@ class SkuView:
         out = sum(self.by_state.get(s, 0) for s in (ItemState.HELD, ItemState.PAID,
                                                         ItemState.RESERVING))
         return self.redis_stock is not None and self.redis_stock + out == self.total
-
-
-Line = tuple[str, str, int]
 
 
 @dataclass(frozen=True)
@@ -132,31 +123,6 @@ class _Outcome:
     reason: str | None
 
 
-def _lines(items: Any) -> list[Line]:
-    """Validate `items` ([[order_item_id, sku_id, qty], ...]) as task arguments arrive."""
-    if not isinstance(items, list | tuple) or not items:
-        raise InvalidOrder("items must be a non-empty list of [order_item_id, sku_id, qty]")
-    lines: list[Line] = []
-    for item in items:
-        if not isinstance(item, list | tuple) or len(item) != 3:
-            raise InvalidOrder(f"each item must be [order_item_id, sku_id, qty], got "
-                               f"{quote(item)}")
-        order_item_id, sku_id, qty = item
-        try:
-            check_id("order_item_id", order_item_id)
-            check_id("sku_id", sku_id)
-        except ValueError as exc:
-            raise InvalidOrder(str(exc)) from None
-        if isinstance(qty, bool) or not isinstance(qty, int) or not 0 < qty <= MAX_SKU_NUM:
-            raise InvalidOrder(f"qty of {order_item_id} must be an integer in "
-                               f"1..{MAX_SKU_NUM}, got {quote(qty)}")
-        lines.append((order_item_id, sku_id, qty))
-    ids = [line[0] for line in lines]
-    if len(set(ids)) != len(ids):
-        raise DuplicateOrderItem(f"order item ids repeat within the order: {quote(ids)}")
-    return lines
-
-
 def _id(field_name: str, value: Any) -> str:
     try:
         return check_id(field_name, value)
@@ -165,7 +131,7 @@ def _id(field_name: str, value: Any) -> str:
 
 
 class Shop:
-    """The restock feature's user-facing API. `nodes[i]` runs the scripts of shard i (on its
+    """The restock feature's user-facing API. `shards[i]` runs the scripts of shard i (on its
     Redis: several shards may share one client).
 
     `before_settle` is a test seam run after an order's deductions, before they are recorded
@@ -176,42 +142,42 @@ class Shop:
     def __init__(
         self,
         sessions: sessionmaker[Session],
-        nodes: Sequence[StockScripts],
+        shards: Sequence[StockScripts],
         router: Router,
         before_settle: Callable[[], None] | None = None,
     ) -> None:
-        if len(nodes) != router.shards:
-            raise ValueError(f"{len(nodes)} shard clients for a router of {router.shards} shards")
+        if len(shards) != router.shards:
+            raise ValueError(f"{len(shards)} shard clients for a router of {router.shards} shards")
         self.sessions = sessions
-        self.nodes = list(nodes)
+        self.shards = list(shards)
         self.router = router
         self.before_settle = before_settle
 
     # SKUs --------------------------------------------------------------------------------
 
     def define_sku(self, sku_id: str, total: int) -> int:
-        """Create SKU `sku_id` with `total` units (idempotent); return its node.
+        """Create SKU `sku_id` with `total` units (idempotent); return its shard.
 
         The database row comes first. Only the call that creates the SKU writes its stock
         (no item can hold any of it yet, so total is what is free); a repeated call never
         touches Redis: after an empty restart that would hand out stock that held and paid
-        items already took. A node missing the SKU's stock is due for a rebuild instead.
+        items already took. A shard missing the SKU's stock is due for a rebuild instead.
         """
         _id("sku_id", sku_id)
         if isinstance(total, bool) or not isinstance(total, int) or not 0 <= total < 2**53:
             raise InvalidOrder(f"total must be a non-negative integer, got {quote(total)}")
-        node = self.router.shard_for(sku_id)
+        shard = self.router.shard_for(sku_id)
         with self.sessions.begin() as session:
             session.connection(execution_options=WRITE_INTENT)
             found = session.execute(select(SKUS.c.total).where(SKUS.c.sku_id == sku_id)).first()
             if found is None:
-                session.execute(insert(SKUS).values(sku_id=sku_id, redis_id=node, total=total,
+                session.execute(insert(SKUS).values(sku_id=sku_id, redis_id=shard, total=total,
                                                     created_at=utcnow()))
             elif found.total != total:
                 raise InvalidOrder(f"SKU {sku_id} already exists with total {found.total}")
         if found is None:
-            self.nodes[node].client.hsetnx(stock_key(node), sku_id, total)
-        return node
+            self.shards[shard].client.hsetnx(stock_key(shard), sku_id, total)
+        return shard
 
     # orders ------------------------------------------------------------------------------
 
@@ -220,11 +186,11 @@ class Shop:
 
         An item ends 'held' (deducted; pay within the delay) or 'rejected' (not enough
         stock). Raises OrderError for bad input or an unknown SKU (nothing changed), and
-        StockUnavailable when a node cannot deduct now: calling again finishes the order.
+        StockUnavailable when a shard cannot deduct now: calling again finishes the order.
         """
         _id("order_id", order_id)
         _id("member_id", member_id)
-        lines = _lines(items)
+        lines = order_lines(items)
         try:
             pending, generations = self._record(order_id, member_id, lines)
         except IntegrityError:
@@ -245,7 +211,7 @@ class Shop:
     def _record(self, order_id: str, member_id: str, lines: list[Line]
                 ) -> tuple[list[Any], dict[int, Generation]]:
         """Insert the order and its new items; return the items still 'reserving' and the
-        generation of each of their nodes."""
+        generation of each of their shards."""
         ids = [line[0] for line in lines]
         skus = sorted({line[1] for line in lines})
         now = utcnow()
@@ -286,35 +252,35 @@ class Shop:
                 .where(ORDER_ITEMS.c.order_item_id.in_(ids),
                        ORDER_ITEMS.c.state == ItemState.RESERVING)
                 .order_by(ORDER_ITEMS.c.order_item_id)))
-            generations = {node: recorded_generation(session, node)
-                           for node in sorted({row.redis_id for row in pending})}
+            generations = {shard: recorded_generation(session, shard)
+                           for shard in sorted({row.redis_id for row in pending})}
         return pending, generations
 
     def _deduct(self, row: Any, generation: Generation) -> _Outcome:
         """The outcome of one reserving item's deduction."""
-        scripts = self.nodes[row.redis_id]
+        scripts = self.shards[row.redis_id]
         try:
             done = scripts.deduct(row.redis_id, row.queue, row.order_item_id, row.sku_id,
                                   row.qty, row.member_id, generation)
         except InsufficientStock as exc:
             return _Outcome(row.order_item_id, ItemState.REJECTED, None, str(exc))
         except NodeMaintaining as exc:
-            raise StockUnavailable(f"node {row.redis_id} is in maintenance: {exc}") from exc
+            raise StockUnavailable(f"shard {row.redis_id} is in maintenance: {exc}") from exc
         except NodeStale as exc:
-            raise StockUnavailable(f"node {row.redis_id} is older than the database ({exc}): "
+            raise StockUnavailable(f"shard {row.redis_id} is older than the database ({exc}): "
                                    "no deduction until its rebuild") from exc
         except UnknownSku as exc:
-            # The database knows the SKU, so the node lost its stock (restarted empty): the
-            # node's next rebuild restores it.
-            raise StockUnavailable(f"node {row.redis_id} has no stock for {row.sku_id} until "
+            # The database knows the SKU, so the shard lost its stock (restarted empty): the
+            # shard's next rebuild restores it.
+            raise StockUnavailable(f"shard {row.redis_id} has no stock for {row.sku_id} until "
                                    "its rebuild") from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StockUnavailable(f"node {row.redis_id} is unreachable: {exc}") from exc
+            raise StockUnavailable(f"shard {row.redis_id} is unreachable: {exc}") from exc
         return _Outcome(row.order_item_id, ItemState.HELD, done.entry, None)
 
     def _settle(self, outcomes: list[_Outcome]) -> None:
-        """Record each outcome; a held item records its entry's time and offset (the node's
-        clock, and the database's side of the node's generation)."""
+        """Record each outcome; a held item records its entry's time and offset (the shard's
+        clock, and the database's side of the shard's generation)."""
         if not outcomes:
             return
         with self.sessions.begin() as session:
@@ -331,14 +297,14 @@ class Shop:
                     .values(**values))
 
     def _check_held(self, order_id: str) -> None:
-        """Check that each held item's node still holds its deduction (tasks.restock.holds);
+        """Check that each held item's shard still holds its deduction (tasks.restock.holds);
         raise StockUnavailable if an item was taken back, so the retry deducts it afresh."""
         try:
-            changed = check_holds(self.sessions, self.nodes, order_id)
+            changed = check_holds(self.sessions, self.shards, order_id)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StockUnavailable(f"a node of order {order_id} is unreachable: {exc}") from exc
+            raise StockUnavailable(f"a shard of order {order_id} is unreachable: {exc}") from exc
         if changed:
-            raise StockUnavailable(f"the stock node lost the deduction of {', '.join(changed)} "
+            raise StockUnavailable(f"the stock shard lost the deduction of {', '.join(changed)} "
                                    "(restarted or restored before it was recorded): retry")
 
     def _results(self, order_id: str) -> list[ItemResult]:
@@ -394,6 +360,6 @@ class Shop:
             by_state = {state: int(qty) for state, qty in session.execute(
                 select(ORDER_ITEMS.c.state, func.sum(ORDER_ITEMS.c.qty))
                 .where(ORDER_ITEMS.c.sku_id == sku_id).group_by(ORDER_ITEMS.c.state))}
-        raw = self.nodes[sku.redis_id].client.hget(stock_key(sku.redis_id), sku_id)
+        raw = self.shards[sku.redis_id].client.hget(stock_key(sku.redis_id), sku_id)
         return SkuView(sku_id, sku.redis_id, sku.total, None if raw is None else int(raw),
                        by_state)

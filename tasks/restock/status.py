@@ -1,4 +1,4 @@
-"""`python -m tasks status`, restock: every node's term, window, queues and dead letters."""
+"""`python -m tasks status`, restock: every shard's term, window, queues and dead letters."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.deadletters.tables import DEAD_LETTERS
-from tasks.deadletters.view import console_for
 from tasks.restock.drain import DEAD_LETTER_KIND
 from tasks.restock.keys import (
     delay_key,
@@ -24,15 +22,15 @@ from tasks.restock.keys import (
     term_key,
 )
 
-__all__ = ["NodeView", "render_nodes", "restock_nodes", "nodes_table", "nodes_json"]
+__all__ = ["ShardView", "shard_views", "shards_table", "shards_json"]
 
 
 @dataclass(frozen=True)
-class NodeView:
-    """One restock Redis node, as `python -m tasks status` shows it."""
+class ShardView:
+    """One restock Redis shard, as `python -m tasks status` shows it."""
 
-    node: int
-    term: int | None  # None: the node did not answer
+    shard: int
+    term: int | None  # None: the shard did not answer
     maintaining: bool
     next_maintain_ms: int | None
     queued: dict[str, int]  # queue -> entries in its delay queue
@@ -42,15 +40,15 @@ class NodeView:
     error: str | None = None
 
 
-def restock_nodes(sessions: sessionmaker[Session], nodes: Sequence[Any], queues: Sequence[str],
-                  now_ms: int) -> list[NodeView]:
-    """Term, maintenance window, queue lengths, due entries and dead letters of every node."""
-    per_node = _letters_per_node(sessions, [node.redis_id for node in nodes])
+def shard_views(sessions: sessionmaker[Session], shards: Sequence[Any], queues: Sequence[str],
+                now_ms: int) -> list[ShardView]:
+    """Term, maintenance window, queue lengths, due entries and dead letters of every shard."""
+    per_shard = _letters_per_shard(sessions, [shard.number for shard in shards])
     views = []
-    for node in nodes:
-        n = node.redis_id
+    for shard in shards:
+        n = shard.number
         try:
-            with node.client.pipeline(transaction=False) as pipe:
+            with shard.client.pipeline(transaction=False) as pipe:
                 pipe.get(term_key(n))
                 pipe.exists(maintaining_key(n))
                 pipe.hget(meta_key(n), "next_maintain_ms")
@@ -61,7 +59,7 @@ def restock_nodes(sessions: sessionmaker[Session], nodes: Sequence[Any], queues:
                     pipe.hget(redo_cursor_key(n, queue), "id")
                 replies = pipe.execute()
         except (RedisError, OSError) as exc:
-            views.append(NodeView(n, None, False, None, {}, {}, {}, per_node.get(n, 0),
+            views.append(ShardView(n, None, False, None, {}, {}, {}, per_shard.get(n, 0),
                                   f"{type(exc).__name__}: {exc}"))
             continue
         term, maintaining, next_ms, rest = replies[0], replies[1], replies[2], replies[3:]
@@ -69,29 +67,29 @@ def restock_nodes(sessions: sessionmaker[Session], nodes: Sequence[Any], queues:
         for i, queue in enumerate(queues):
             size, due_now, log_len, cursor = rest[4 * i:4 * i + 4]
             queued[queue], due[queue] = int(size), int(due_now)
-            backlog[queue] = _unsynced(node.client, redo_key(n, queue), cursor, int(log_len))
-        views.append(NodeView(n, int(term or 0), bool(maintaining),
+            backlog[queue] = _unsynced(shard.client, redo_key(n, queue), cursor, int(log_len))
+        views.append(ShardView(n, int(term or 0), bool(maintaining),
                               None if next_ms is None else int(next_ms), queued, due, backlog,
-                              per_node.get(n, 0)))
+                              per_shard.get(n, 0)))
     return views
 
 
-def _letters_per_node(sessions: sessionmaker[Session], node_ids: Sequence[int]
+def _letters_per_shard(sessions: sessionmaker[Session], numbers: Sequence[int]
                       ) -> dict[int, int]:
-    """Restock dead letters per node, counted by the database: no payload is loaded.
+    """Restock dead letters per shard, counted by the database: no payload is loaded.
 
-    The node is only in the JSON payload, written with sorted keys, so `"node": N, "queue"`
-    appears exactly once in a letter of node N (a quote inside a JSON string is escaped, so an
-    entry's text cannot imitate it).
+    The shard is only in the JSON payload, under its wire name ``node``, written with sorted
+    keys, so `"node": N, "queue"` appears exactly once in a letter of shard N (a quote inside
+    a JSON string is escaped, so an entry's text cannot imitate it).
     """
     d = DEAD_LETTERS.c
     counts = [func.sum(case((d.payload.like(f'%"node": {n}, "queue"%'), 1), else_=0))
-              for n in node_ids]
+              for n in numbers]
     if not counts:
         return {}
     with sessions() as session:
         row = session.execute(select(*counts).where(d.kind == DEAD_LETTER_KIND)).one()
-    return {n: int(c or 0) for n, c in zip(node_ids, row, strict=True)}
+    return {n: int(c or 0) for n, c in zip(numbers, row, strict=True)}
 
 
 def _unsynced(client: Any, stream: str, cursor: bytes | None, length: int) -> int:
@@ -102,28 +100,28 @@ def _unsynced(client: Any, stream: str, cursor: bytes | None, length: int) -> in
     return len(after)
 
 
-def nodes_table(views: Sequence[NodeView], now_ms: int) -> Table:
-    table = Table(title="restock nodes")
-    for column in ("node", "term", "maintenance", "queue", "queued", "due", "unsynced log",
+def shards_table(views: Sequence[ShardView], now_ms: int) -> Table:
+    table = Table(title="restock shards")
+    for column in ("shard", "term", "maintenance", "queue", "queued", "due", "unsynced log",
                    "dead letters"):
         table.add_column(column, overflow="fold", justify="left" if column in (
             "maintenance", "queue") else "right")
     for v in views:
         if v.error is not None:
-            table.add_row(str(v.node), "-", f"unreachable: {v.error}", "-", "-", "-", "-",
+            table.add_row(str(v.shard), "-", f"unreachable: {v.error}", "-", "-", "-", "-",
                           str(v.dead_letters))
             continue
         window = _window(v, now_ms)
         for i, queue in enumerate(v.queued):
             first = i == 0
-            table.add_row(str(v.node) if first else "", str(v.term) if first else "",
+            table.add_row(str(v.shard) if first else "", str(v.term) if first else "",
                           window if first else "", queue, str(v.queued[queue]),
                           str(v.due[queue]), str(v.backlog[queue]),
                           str(v.dead_letters) if first else "")
     return table
 
 
-def _window(v: NodeView, now_ms: int) -> str:
+def _window(v: ShardView, now_ms: int) -> str:
     if v.maintaining:
         return "in maintenance now"
     if v.next_maintain_ms is None:
@@ -131,11 +129,9 @@ def _window(v: NodeView, now_ms: int) -> str:
     return f"next in {max(v.next_maintain_ms - now_ms, 0) / 1000:,.0f}s"
 
 
-def nodes_json(views: Sequence[NodeView], now_ms: int) -> list[dict[str, Any]]:
-    """Every node as a JSON object (`window` is the maintenance column's text)."""
-    return [{**asdict(v), "window": _window(v, now_ms) if v.error is None else None}
-            for v in views]
+def shards_json(views: Sequence[ShardView], now_ms: int) -> list[dict[str, Any]]:
+    """Every shard as a JSON object (`window` is the maintenance column's text); the shard's
+    number goes out under its wire name, ``node``."""
+    return [{**{("node" if k == "shard" else k): x for k, x in asdict(v).items()},
+             "window": _window(v, now_ms) if v.error is None else None} for v in views]
 
-
-def render_nodes(views: Sequence[NodeView], now_ms: int, console: Console | None = None) -> None:
-    (console or console_for()).print(nodes_table(views, now_ms))

@@ -36,10 +36,10 @@ from tasks.restock.dispatch import due_work
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
 from tasks.restock.metrics import RestockSeries
-from tasks.restock.nodes import StockNode, stock_nodes
-from tasks.restock.redolog import MAX_SKU_NUM
+from tasks.restock.orders import ID_MAX_LEN, MAX_LINES
 from tasks.restock.routing import Router
 from tasks.restock.settings import restock_settings
+from tasks.restock.shards import StockShard, stock_shards
 from tasks.restock.shop import OrderPending, Shop, StockUnavailable
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments, int_arg, quote, text_arg
@@ -54,12 +54,10 @@ restock = restock_settings(settings)
 
 log = logging.getLogger("tasks.restock")
 
-ID_MAX_LEN = 128  # order, member, order item and SKU ids: their String(128) columns
-MAX_LINES = 1000  # lines of one order
 TOTAL_MAX = 2**53 - 1  # a SKU's total: exact in Lua's numbers
 
 # A shard in maintenance or restarting comes back within seconds; an order waits for it.
-NODE_WAIT = RetryPolicy(max_retries=8, initial_interval=0.5, max_interval=10.0,
+SHARD_WAIT = RetryPolicy(max_retries=8, initial_interval=0.5, max_interval=10.0,
                         retry_on=(StockUnavailable, OrderPending))
 
 
@@ -69,12 +67,12 @@ def router() -> Router:
 
 def _shop() -> Shop:
     res = resources_for(settings)
-    return Shop(res.sessions, [n.scripts for n in stock_nodes(res)], router())
+    return Shop(res.sessions, [n.scripts for n in stock_shards(res)], router())
 
 
-def _node(shard: Any) -> StockNode:
+def _shard(shard: Any) -> StockShard:
     index = int_arg("shard", shard, lo=0, hi=restock.shards - 1)
-    return stock_nodes(resources_for(settings))[index]
+    return stock_shards(resources_for(settings))[index]
 
 
 def _queue(queue: Any) -> str:
@@ -89,24 +87,9 @@ def _id(name: str, value: Any) -> str:
     return text_arg(name, value, max_len=ID_MAX_LEN)
 
 
-def _lines(items: Any) -> list[list[Any]]:
-    """[[order_item_id, sku_id, qty], ...]: checked for size, types, lengths and range."""
-    if not isinstance(items, list) or not 0 < len(items) <= MAX_LINES:
-        raise InvalidArguments(f"items must be a list of 1..{MAX_LINES} "
-                               f"[order_item_id, sku_id, qty], got {quote(items)}")
-    for line in items:
-        if not isinstance(line, list) or len(line) != 3:
-            raise InvalidArguments(f"each item must be [order_item_id, sku_id, qty], got "
-                                   f"{quote(line)}")
-        _id("order_item_id", line[0])
-        _id("sku_id", line[1])
-        int_arg("qty", line[2], lo=1, hi=MAX_SKU_NUM)
-    return items
-
-
-def _drainer(node: StockNode) -> Drainer:
+def _drainer(shard: StockShard) -> Drainer:
     return Drainer(
-        resources_for(settings).sessions, node, batch=restock.batch,
+        resources_for(settings).sessions, shard, batch=restock.batch,
         delay_ms=int(restock.delay * 1000), capacity=restock.capacity,
         lease_ttl=settings.lease_ttl, time_slice=min(60.0, settings.soft_time_limit / 2),
         max_attempts=settings.redelivery_cap,
@@ -125,16 +108,17 @@ def define_sku(sku_id: str, total: int) -> dict[str, Any]:
     return {"sku_id": sku_id, "node": _shop().define_sku(sku_id, total)}
 
 
-@app.task(name="tasks.restock.place_order", base=PlatformTask, retry_policy=NODE_WAIT)
+@app.task(name="tasks.restock.place_order", base=PlatformTask, retry_policy=SHARD_WAIT)
 def place_order(order_id: str, member_id: str, items: list[list[Any]]) -> list[dict[str, Any]]:
-    """Deduct every item ([order_item_id, sku_id, qty]) of an order; retried while a node is
-    in maintenance or unreachable."""
+    """Deduct every item ([order_item_id, sku_id, qty]) of an order; retried while a shard is
+    in maintenance or unreachable. The items are validated once, by the shop
+    (`tasks.restock.orders.order_lines`: `InvalidOrder`, an `InvalidArguments`)."""
     _id("order_id", order_id)
     _id("member_id", member_id)
-    return _items(_shop().place_order(order_id, member_id, _lines(items)))
+    return _items(_shop().place_order(order_id, member_id, items))
 
 
-@app.task(name="tasks.restock.pay", base=PlatformTask, retry_policy=NODE_WAIT)
+@app.task(name="tasks.restock.pay", base=PlatformTask, retry_policy=SHARD_WAIT)
 def pay(order_id: str) -> list[dict[str, Any]]:
     """Pay an order (refused with OrderExpired once its stock went back)."""
     return _items(_shop().pay(_id("order_id", order_id)))
@@ -144,23 +128,23 @@ def pay(order_id: str) -> list[dict[str, Any]]:
 def inspect(sku_id: str) -> dict[str, Any]:
     """A SKU's total, its free stock in Redis, and its quantities by item state."""
     view = _shop().inspect(_id("sku_id", sku_id))
-    return {**dataclasses.asdict(view), "consistent": view.consistent}
+    return {**view.as_dict(), "consistent": view.consistent}
 
 
 @app.task(name="tasks.restock.sync")
 def sync(shard: int, queue: str) -> dict[str, Any]:
     """Move a shard queue's redo log into its delay queue (stops at FULL or MAINTAINING)."""
-    found = _node(shard)
+    found = _shard(shard)
     return _drainer(found).sync(_queue(queue)).as_dict()
 
 
 @app.task(name="tasks.restock.drain", acks_late=True)
 def drain(shard: int, queue: str) -> dict[str, Any]:
     """Restock a shard queue's due entries under its lease (a second drainer: 'busy')."""
-    found = _node(shard)
+    found = _shard(shard)
     report = _drainer(found).drain(_queue(queue))
     if record.on is not None:
-        labels = (str(report.node), report.queue)
+        labels = (str(report.shard), report.queue)
         series = record.on.of(RestockSeries)
         for status, n in report.statuses.items():
             series.restocked.labels(*labels, status).inc(n)
@@ -171,7 +155,7 @@ def drain(shard: int, queue: str) -> dict[str, Any]:
 @app.task(name="tasks.restock.rebuild", acks_late=True)
 def rebuild(shard: int, force: bool = False) -> dict[str, Any]:
     """Rebuild a shard's stock from the database when its maintenance window is due."""
-    found = _node(shard)
+    found = _shard(shard)
     if not isinstance(force, bool):
         raise InvalidArguments(f"force must be true or false, got {quote(force)}")
     res = resources_for(settings)
@@ -185,18 +169,18 @@ def rebuild(shard: int, force: bool = False) -> dict[str, Any]:
 def tick() -> dict[str, Any]:
     """Beat's restock message: sync every shard, send drain and rebuild where due."""
     res = resources_for(settings)
-    nodes = stock_nodes(res)
+    shards = stock_shards(res)
     queues = restock.queue_names
     synced = 0
-    for node in nodes:
-        drainer = _drainer(node)
+    for shard in shards:
+        drainer = _drainer(shard)
         try:
             synced += sum(drainer.sync(queue).moved for queue in queues)
         except (redis.ConnectionError, redis.TimeoutError) as exc:  # its master is away
-            log.warning("tick: shard %d not synced: %s", node.redis_id, exc)
-    work = due_work(res.sessions, nodes, queues)
-    for shard, queue in work.drains:
-        drain.apply_async((shard, queue), expires=max(restock.interval, 1.0))
-    for shard in work.rebuilds:
-        rebuild.apply_async((shard,), expires=max(restock.interval, 1.0))
+            log.warning("tick: shard %d not synced: %s", shard.number, exc)
+    work = due_work(res.sessions, shards, queues)
+    for number, queue in work.drains:
+        drain.apply_async((number, queue), expires=max(restock.interval, 1.0))
+    for number in work.rebuilds:
+        rebuild.apply_async((number,), expires=max(restock.interval, 1.0))
     return {"synced": synced, **work.as_dict()}

@@ -1,12 +1,13 @@
 """Rollback checkpoints: a task journals how to undo each step; failure runs the undos in reverse.
 
-Inside a task built on `tasks.worker.base.PlatformTask`::
+Inside a task built on `tasks.worker.base.PlatformTask` (a sketch of a user's
+task; the example order saga, `tasks.examples.order_saga`, is a complete one)::
 
     @compensation("cancel_shipment")
     def cancel_shipment(data: dict[str, Any]) -> None: ...   # idempotent, see below
 
-    @app.task(name="tasks.restock.shop.place_order", base=PlatformTask)
-    def place_order(order_id: str) -> None:
+    @app.task(name="myshop.ship_order", base=PlatformTask)
+    def ship_order(order_id: str) -> None:
         with step("ship", undo="cancel_shipment", data={"order": order_id}):
             ship(order_id)
 

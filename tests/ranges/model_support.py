@@ -37,6 +37,7 @@ from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import Round, activate, reconcile_job
 from tasks.ranges.runner import PartitionRunner
 from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, WORK
+from tasks.ranges.workrow import every_partition
 from tasks.store.db import utcnow
 from tasks.store.models import CM_DATA, Base
 
@@ -281,7 +282,7 @@ def work_rows(engine: Engine) -> dict[int, Work]:
     with engine.connect() as conn:
         rows = conn.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.next_id,
                                    WORK.c.fence, WORK.c.status, WORK.c.error)
-                            .where(WORK.c.kind == "range")).all()
+                            .where(every_partition())).all()
     return {r.part: Work(r.part, r.lo, r.hi, r.next_id, int(r.fence), str(r.status), r.error)
             for r in rows}
 

@@ -19,8 +19,9 @@ from tasks.examples import cm_data as cm_data_module
 from tasks.examples.cm_data import mark_processed
 from tasks.examples.seed import seed_cm_data
 from tasks.ranges import batches
-from tasks.ranges.batches import Batches, BatchRows
+from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context
+from tasks.ranges.reads import BatchRows, plain
 from tasks.ranges.runner import Outcome
 from tasks.ranges.tables import WORK
 from tasks.store.models import CM_DATA
@@ -186,7 +187,7 @@ def test_the_filter_check_is_not_fooled_by_a_quarantined_row_in_the_range(
     assert left == [5]
 
 
-@pytest.mark.parametrize(("dialect", "column_type", "plain"), [
+@pytest.mark.parametrize(("dialect", "column_type", "expected"), [
     (sqlite.dialect(), Integer(), True),
     (sqlite.dialect(), String(255), True),
     (sqlite.dialect(), DateTime(), False),  # stored as text, parsed by SQLAlchemy
@@ -196,11 +197,11 @@ def test_the_filter_check_is_not_fooled_by_a_quarantined_row_in_the_range(
     (mysql.pymysql.dialect(), String(255), True),
 ])
 def test_rows_come_off_the_cursor_only_when_no_column_needs_converting(
-    dialect: Any, column_type: Any, plain: bool
+    dialect: Any, column_type: Any, expected: bool
 ) -> None:
     from sqlalchemy import Column
 
-    assert batches._plain([Column("x", column_type)], dialect) is plain
+    assert plain([Column("x", column_type)], dialect) is expected
 
 
 def test_a_job_must_read_its_id_column() -> None:

@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks.restock.drain import Drainer
 from tasks.restock.keys import deducted_key, stock_key
 from tasks.restock.maintenance import Rebuilder
-from tasks.restock.nodes import StockNode, close_shards, connect_shards
 from tasks.restock.routing import Router
 from tasks.restock.settings import RestockSettings
+from tasks.restock.shards import StockShard, close_shards, connect_shards
 from tasks.restock.shop import Shop
 from tasks.restock.tables import ORDER_ITEMS, SKUS, ItemState
 from tests.support.db import fresh_database
@@ -57,7 +57,7 @@ class World:
     capacity: int = 100_000
     shards: int = 0  # 0: one per server
     make_clients: Callable[[], list[Any]] | None = None
-    nodes: list[StockNode] = field(default_factory=list)
+    nodes: list[StockShard] = field(default_factory=list)
     shop: Shop = field(init=False)
     drainers: list[Drainer] = field(default_factory=list)
     rebuilders: list[Rebuilder] = field(default_factory=list)

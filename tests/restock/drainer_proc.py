@@ -25,15 +25,15 @@ from sqlalchemy.orm import sessionmaker
 
 from tasks.restock.drain import Drainer
 from tasks.restock.maintenance import Rebuilder
-from tasks.restock.nodes import StockNode
 from tasks.restock.redolog import RedoEntry
+from tasks.restock.shards import StockShard
 from tasks.store.resources import make_engine
 
 
 def main(argv: list[str]) -> int:
     node_url, db_url, node, mode, queue, now_ms, ttl, *rest = argv
     sessions = sessionmaker(make_engine(db_url), expire_on_commit=False)
-    stock = StockNode.on(int(node), redis.Redis.from_url(node_url),
+    stock = StockShard.on(int(node), redis.Redis.from_url(node_url),
                          clock=lambda: int(now_ms))
     cap = int(rest[0]) if rest else 3
     arg = rest[1] if len(rest) > 1 else ""

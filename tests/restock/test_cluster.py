@@ -150,11 +150,11 @@ def test_take_counts_each_entry_once_on_every_master(cworld: World, cluster: Clu
     for node, drainer in zip(cworld.nodes, cworld.drainers, strict=True):
         for queue in cworld.router.queues:
             drainer.sync(queue)
-            queued = node.client.zrange(delay_key(node.redis_id, queue), 0, -1)
-            batch = node.scripts.take(node.redis_id, queue, limit=1000)
+            queued = node.client.zrange(delay_key(node.number, queue), 0, -1)
+            batch = node.scripts.take(node.number, queue, limit=1000)
             assert batch == [(member, 1) for member in queued]
             if batch:
-                taken[(node.redis_id, queue)] = queued
+                taken[(node.number, queue)] = queued
     assert {cluster.owner_of(shard_slot(shard)) for shard, _ in taken} == {0, 1, 2}
     for (shard, queue), queued in taken.items():  # as if each batch's drainer had died
         assert cworld.nodes[shard].scripts.take(shard, queue) == [(queued[0], 2)]
@@ -162,4 +162,4 @@ def test_take_counts_each_entry_once_on_every_master(cworld: World, cluster: Clu
     check_settled(cworld, skus)
     for node in cworld.nodes:
         for queue in cworld.router.queues:
-            assert node.client.hlen(attempts_key(node.redis_id, queue)) == 0
+            assert node.client.hlen(attempts_key(node.number, queue)) == 0

@@ -22,6 +22,7 @@ from tasks.restock.keys import (
     term_key,
 )
 from tasks.restock.maintenance import RebuildOutcome
+from tasks.restock.orders import OrderError, order_lines
 from tasks.restock.redolog import parse_entry
 from tasks.restock.replies import HAS_BEEN_CONSUMED, PAID, SUCCESS, WRONG_TERM, UnknownSku
 from tasks.restock.shop import (
@@ -33,6 +34,7 @@ from tasks.restock.shop import (
 )
 from tasks.restock.tables import ItemState
 from tasks.store.resources import make_engine
+from tasks.store.validate import InvalidArguments
 from tests.restock.conftest import DELAY_MS, World
 
 # sku-a and sku-b live on node 0, sku-d on node 1 (crc32 routing); m-1 uses q0, m-4 uses q1.
@@ -66,7 +68,7 @@ def test_unpaid_items_come_back_after_the_delay_and_paid_ones_stay_sold(shop: Wo
     shop.check_conserved()
     for node in shop.nodes:
         for queue in shop.router.queues:
-            assert node.client.zcard(delay_key(node.redis_id, queue)) == 0
+            assert node.client.zcard(delay_key(node.number, queue)) == 0
     view = shop.shop.inspect("sku-a")
     assert (view.total, view.redis_stock, view.by_state) == (
         10, 6, {ItemState.RESTOCKED: 3, ItemState.PAID: 4})
@@ -130,6 +132,16 @@ def test_bad_orders_are_refused_and_change_nothing(
         shop.shop.pay("o-1")
 
 
+def test_a_bad_order_line_is_one_exception_for_the_shop_and_the_worker() -> None:
+    """One check, one type: callers of the shop catch an OrderError, the task boundary an
+    InvalidArguments; the message names the field and the line."""
+    with pytest.raises(InvalidOrder, match=r"qty must be in 1\.\.\d+, got -1 \(order item") as bad:
+        order_lines([["i-1", "sku-a", -1]])
+    assert isinstance(bad.value, OrderError) and isinstance(bad.value, InvalidArguments)
+    with pytest.raises(InvalidOrder, match="order_item_id is 200 characters"):
+        order_lines([["i" * 200, "sku-a", 1]])
+
+
 def test_an_order_item_id_cannot_move_to_another_order(shop: World) -> None:
     shop.shop.place_order("o-1", "m-1", [["i-1", "sku-a", 1]])
     with pytest.raises(DuplicateOrderItem):
@@ -190,7 +202,7 @@ def test_malformed_entries_are_dead_lettered_and_the_rest_restocked(shop: World)
     assert len(letters) == 3
     assert any("sku_num must be an integer" in r for r in reasons)
     assert any("must have 9" in r for r in reasons)
-    assert any("entry of node 1" in r for r in reasons)
+    assert any("entry of shard 1" in r for r in reasons)
     assert client.zcard(delay_key(0, "q0")) == 0
 
 

@@ -25,7 +25,7 @@ from tasks.restock.keys import (
     redo_key,
 )
 from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND, Rebuilder, RebuildOutcome
-from tasks.restock.nodes import StockNode
+from tasks.restock.shards import StockShard
 from tasks.restock.shop import Shop, StockUnavailable
 from tasks.restock.tables import ItemState
 from tests.restock.conftest import DELAY_MS, World
@@ -65,8 +65,8 @@ def test_skewed_worker_clocks_neither_move_due_times_nor_release_early(
 ) -> None:
     """Due times and 'now' are the stock node's Redis TIME, whatever the workers' clocks say."""
     delay = 1500
-    node = StockNode.on(0, redis.Redis(port=world.servers[0].port))  # the node's real clock
-    other = StockNode.on(1, redis.Redis(port=world.servers[1].port))
+    node = StockShard.on(0, redis.Redis(port=world.servers[0].port))  # the node's real clock
+    other = StockShard.on(1, redis.Redis(port=world.servers[1].port))
     shop = Shop(world.sessions, [node.scripts, other.scripts], world.router)
     client = node.client
     try:
@@ -204,7 +204,7 @@ def footprint(world: World) -> dict[str, int]:
     """Keys per node, and the size of each per-item structure."""
     sizes: dict[str, int] = {}
     for node in world.nodes:
-        n, c = node.redis_id, node.client
+        n, c = node.number, node.client
         sizes[f"keys:{n}"] = int(c.dbsize())
         sizes[f"deducted:{n}"] = int(c.hlen(deducted_key(n)))
         for q in world.router.queues:

@@ -18,6 +18,7 @@ from tasks.restock.redolog import format_entry, parse_entry
 from tasks.restock.scripts import StockScripts
 from tasks.restock.tables import ItemState
 from tests.restock.conftest import DELAY_MS, World
+from tests.restock.due import due
 from tests.support.redis_server import RedisServer
 
 NODE, QUEUE = 0, "q0"
@@ -61,10 +62,10 @@ def test_a_time_in_microseconds_neither_stalls_later_entries_nor_comes_due_early
     assert scripts.sync(NODE, QUEUE, delay_ms=delay) == 4
     scores = [s for _, s in client.zrange(delay_key(NODE, QUEUE), 0, -1, withscores=True)]
     assert max(scores) <= node_ms(client) + delay + len(entries), scores
-    assert scripts.due(NODE, QUEUE) == []  # clamped to now, not to the past: nothing early
+    assert due(scripts, NODE, QUEUE) == []  # clamped to now, not to the past: nothing early
     time.sleep(max(0, synced_at + delay + 50 - node_ms(client)) / 1000)
-    due = [parse_entry(m) for m in scripts.due(NODE, QUEUE, limit=10)]
-    assert sorted(due, key=lambda e: e.offset) == entries
+    found = [parse_entry(m) for m in due(scripts, NODE, QUEUE, limit=10)]
+    assert sorted(found, key=lambda e: e.offset) == entries
     cursor = client.hget(redo_cursor_key(NODE, QUEUE), "score")
     assert cursor is not None and int(cursor) <= node_ms(client) + delay
 

@@ -219,7 +219,7 @@ def check_workload(world: World, engine: Engine, script: list[tuple[Any, ...]],
             assert world.stock(sku) == total - world.qty(sku, ItemState.PAID)
         for node in world.nodes:
             for queue in world.router.queues:
-                n = node.redis_id
+                n = node.number
                 assert node.client.zcard(delay_key(n, queue)) == 0
                 assert world.drainers[n].sync(queue).moved == 0
                 assert node.client.exists(redo_key(n, queue)) in (0, 1)
@@ -281,3 +281,32 @@ def test_a_redelivered_entry_never_makes_a_lower_offset_one_consumed(
     assert states == {"i-0": ItemState.PAID, **{f"i-{i}": ItemState.RESTOCKED
                                                  for i in range(1, 6)},
                       "i-6": ItemState.RESERVING}  # the order refused in maintain's window
+
+
+# Found by the random search (seen failing on a saved example; reproduced here by hand): the
+# rebuild re-issues held i-1 (term 1, offset 3) while its term-0 entry is still in the redo log.
+# The settle's drain takes the old entry: `Drainer._claim` releases i-1 in the database by its
+# id, then restock.lua removes the entry as WRONG_TERM, returning nothing. The re-issued entry,
+# queued behind the redo cursor, is due 1 ms later, so at that quiet moment i-1 is 'released'
+# while its unit is neither free nor held: conservation is one short until the next drain
+# restocks it (the end state is right: without the last settle the workload passes). Not fixed
+# here: releasing only by the item's recorded entry would restock a re-issued entry whose
+# database record a crashed rebuild left behind (see docs/decisions.md, "Ranges and restock:
+# one name per thing").
+STALE_ENTRY_DRAINED_FIRST = [
+    ("order", "m-1", [("sku-a", 1)]),
+    ("order", "m-1", [("sku-a", 1)]),
+    ("pay", 0),
+    ("advance", DELAY_MS + 1),
+    ("rebuild", 0),
+    ("settle",),
+]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a stale entry drained before its re-issue releases the item early")
+def test_a_stale_entry_drained_before_its_reissue_keeps_the_unit_counted(
+    servers: list[RedisServer], engine: Engine
+) -> None:
+    world = World(sessionmaker(engine, expire_on_commit=False), servers, FakeClockMs())
+    check_workload(world, engine, STALE_ENTRY_DRAINED_FIRST)

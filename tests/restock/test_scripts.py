@@ -1,5 +1,6 @@
-"""deduct.lua, sync.lua, due.lua, take.lua, restock.lua, discard.lua and rebuild.lua against a real
-private Redis: every reply code. A fake node clock stands for the node's Redis TIME."""
+"""deduct.lua, sync.lua, take.lua, restock.lua, discard.lua and rebuild.lua (and the tests'
+due.lua view) against a real private Redis: every reply code. A fake node clock stands for the
+node's Redis TIME."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from tasks.restock.replies import (
 )
 from tasks.restock.scripts import DEFAULT_DELAY_MS, Generation, Reissue, StockScripts
 from tests.restock.conftest import FakeClockMs
+from tests.restock.due import due
 from tests.support.redis_server import RedisServer
 
 NODE = 3
@@ -84,7 +86,7 @@ def deduct(scripts: StockScripts, order_item: str, qty: int = 2, sku: str = "sku
 def due_at(scripts: StockScripts, now_ms: int) -> list[RedoEntry]:
     assert isinstance(scripts.clock, FakeClockMs)
     scripts.clock.now = now_ms
-    return [parse_entry(m) for m in scripts.due(NODE, QUEUE)]
+    return [parse_entry(m) for m in due(scripts, NODE, QUEUE)]
 
 
 def queued(scripts: StockScripts, *order_items: str) -> list[RedoEntry]:
@@ -488,7 +490,7 @@ def test_deduct_and_due_read_the_node_clock_when_none_is_injected(client: redis.
     entry = scripts.deduct(NODE, QUEUE, "oi-1", "sku-a", 1, "m-1").entry
     assert before <= entry.time_ms <= scripts.now_ms()
     assert scripts.sync(NODE, QUEUE, delay_ms=0) == 1
-    assert scripts.due(NODE, QUEUE) == [format_entry(entry).encode()]
+    assert due(scripts, NODE, QUEUE) == [format_entry(entry).encode()]
     assert scripts.sync(NODE, QUEUE, delay_ms=60_000) == 0
     assert deduct_keys(NODE, QUEUE)[4] == offset_key(NODE)
 

@@ -12,9 +12,9 @@ from redis.crc import key_slot
 
 from tasks.config.settings import SettingsError
 from tasks.restock.keys import deduct_keys, rebuild_keys, restock_keys, shard_tag, sync_keys
-from tasks.restock.nodes import close_shards, connect_shards, master_of
 from tasks.restock.routing import Router, shard_of
 from tasks.restock.settings import restock_settings
+from tasks.restock.shards import close_shards, connect_shards, master_of
 from tasks.wings import WINGS, load_settings
 from tasks.worker.schedule import beat_schedule
 
@@ -51,7 +51,7 @@ def test_shards_are_spread_over_the_masters_and_share_their_clients() -> None:
     clients = [redis.Redis(port=1), redis.Redis(port=2), redis.Redis(port=3)]  # never dialled
     nodes = connect_shards(clients, 16)
     try:
-        assert [n.redis_id for n in nodes] == list(range(16))
+        assert [n.number for n in nodes] == list(range(16))
         assert [clients.index(n.client) for n in nodes] == [master_of(i, 3) for i in range(16)]
         assert nodes[0].scripts is nodes[3].scripts and nodes[0].leases is nodes[15].leases
         assert nodes[0].scripts is not nodes[1].scripts

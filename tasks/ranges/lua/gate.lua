@@ -4,10 +4,10 @@
 --         (rows per second; absent or 0: no throttle)
 -- KEYS[2] throttle of the job (range-throttle:{JOB}): the GCRA theoretical arrival time, in
 --         milliseconds of this server's clock
+-- KEYS[3] orphans of the job (range-orphans:{JOB}): partitions whose holder died
 -- ARGV[1] rows to reserve for the batch about to run
 -- ARGV[2] rows to add to (positive) or take back from (negative) the previous reservation,
 --         now that its batch's real size is known
--- KEYS[3] orphans of the job (range-orphans:{JOB}): partitions whose holder died
 -- ARGV[3] '1' if the caller may adopt one (it then stops its own partition at this boundary)
 -- ARGV[4] the caller's own partition on its first call ('' after): it is claimed, so it is
 --         nobody's orphan any more

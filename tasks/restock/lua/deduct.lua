@@ -7,7 +7,7 @@
 -- KEYS[5]  offset:{stock:N}           integer counter, the shard's last offset (missing: 0)
 -- KEYS[6]  lease:{stock:N}:maintenance exists while the shard is being rebuilt
 -- ARGV[1]  order_item_id   ARGV[2] sku_id   ARGV[3] qty
--- ARGV[4]  now: '' = the node's clock (Redis TIME); a test's shared fake node clock otherwise
+-- ARGV[4]  now: '' = the shard's clock (Redis TIME); a test's shared fake shard clock otherwise
 -- ARGV[5]  member_id       ARGV[6] queue    ARGV[7] shard (N)
 -- ARGV[8]  max_qty (redolog.MAX_SKU_NUM)
 -- ARGV[9]  min_term, ARGV[10] min_offset: the shard's generation as the database knows it (the
@@ -24,8 +24,8 @@
 --         {'INSUFFICIENT', stock}  fewer than qty left; nothing changes
 -- DUPLICATE is checked before the SKU and the stock, so a retried deduction always gets its
 -- original entry back, even after the stock ran out. A deduction during maintenance would race
--- the rebuild's recount of the stock, so none happens then. The entry's time is the node's
--- clock: every due time of the node is measured on that one clock, never a worker's.
+-- the rebuild's recount of the stock, so none happens then. The entry's time is the shard's
+-- clock: every due time of the shard is measured on that one clock, never a worker's.
 if redis.call('EXISTS', KEYS[6]) == 1 then
     return {'MAINTAINING', ''}
 end

@@ -22,7 +22,7 @@
 --                              queue's redo log (with the original time, so the delay does
 --                              not restart). The old entries now meet WRONG_TERM.
 --         {'LOCK_FAILED'}      the maintenance lease is not held by token: nothing changed
--- The offset counter is raised to at least min_offset, so a node that came back older than
+-- The offset counter is raised to at least min_offset, so a shard that came back older than
 -- the database (it refused deductions as STALE) is level with it again and never hands out an
 -- offset twice. The restocked offsets are per term (older entries meet WRONG_TERM before the
 -- offset check), so the new term starts them afresh.

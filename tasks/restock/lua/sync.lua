@@ -4,7 +4,7 @@
 -- concurrent syncs of one queue simply continue each other, and a cursor is one hash that an
 -- operator can inspect or reset. The cursor only moves past entries that were added to the
 -- delay queue, so a refused sync leaves them to the next call (backpressure). Entries before
--- the cursor are then trimmed from the stream (the delay queue holds them now): a node keeps
+-- the cursor are then trimmed from the stream (the delay queue holds them now): a shard keeps
 -- each pending entry once, not twice.
 --
 -- KEYS[1]  redo:{stock:N}:QUEUE         stream written by deduct.lua ({e = entry, t = time_ms})
@@ -14,7 +14,7 @@
 -- ARGV[1]  count      most entries to move in this call
 -- ARGV[2]  capacity   the delay queue refuses new entries once it holds this many
 -- ARGV[3]  delay_ms   due time = entry time + delay_ms
--- ARGV[4]  now: '' = the node's clock (Redis TIME); a test's shared fake node clock otherwise
+-- ARGV[4]  now: '' = the shard's clock (Redis TIME); a test's shared fake shard clock otherwise
 --
 -- Returns {'OK', moved}             moved entries (0 when the log is drained)
 --         {'MAINTAINING', 0}        the shard is in maintenance; nothing moved
@@ -33,11 +33,11 @@
 --
 -- Times come from outside (the stream field t), so they are clamped before they order or
 -- delay anything: an entry's time that is not a count of milliseconds of at most 15 digits
--- (missing, negative, 'inf', '1e300') or that lies ahead of the node's clock counts as now. The
+-- (missing, negative, 'inf', '1e300') or that lies ahead of the shard's clock counts as now. The
 -- message exists, so the deduction happened by now: the entry is never due early, and one
 -- far-future time cannot push every later entry (score = previous + 1) years ahead.
 -- A queued score or cursor score beyond now + delay + capacity is poison from before (a
--- node whose clock ran ahead before a failover, a version without the clamp): no entry can
+-- shard whose clock ran ahead before a failover, a version without the clamp): no entry can
 -- be due later than that (a time is at most now; the +1 rule adds at most one millisecond
 -- per queued entry), so it is ignored as "previous", and up to `count` such members per
 -- call are re-scored as if synced now. A rebuild leaves the delay queue and cursor alone,

@@ -1,9 +1,9 @@
 -- Take a drain batch from one queue's delay queue and count an attempt at each member first
 -- (write-ahead), in one round trip (tasks.restock.drain, step 1 and 2 of its timeline).
 --
--- KEYS[1]  delay:{stock:N}:QUEUE            sorted set entry -> due time in ms (node clock)
+-- KEYS[1]  delay:{stock:N}:QUEUE            sorted set entry -> due time in ms (shard clock)
 -- KEYS[2]  drain-attempts:{stock:N}:QUEUE   hash member -> drain attempts at it
--- ARGV[1]  now: '' = the node's clock (Redis TIME); a test's shared fake node clock otherwise
+-- ARGV[1]  now: '' = the shard's clock (Redis TIME); a test's shared fake shard clock otherwise
 -- ARGV[2]  limit, the most members to take
 --
 -- Returns {member, attempts, member, attempts, ...}: the batch, earliest due first, each member

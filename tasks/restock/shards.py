@@ -1,4 +1,4 @@
-"""Where the logical stock shards live: one StockNode per shard, on its master's client.
+"""Where the logical stock shards live: one StockShard per shard, on its master's client.
 
 Shard N (hash tag ``{stock:N}``, N < RESTOCK_SHARDS) is served by the client of master
 N % masters, the masters being RESTOCK_REDIS_URLS (default: REDIS_URL alone):
@@ -24,26 +24,27 @@ from tasks.restock.scripts import StockScripts
 from tasks.restock.settings import restock_settings
 from tasks.store.resources import Resources
 
-__all__ = ["StockNode", "close_shards", "connect_shards", "master_clients", "master_of",
-           "stock_nodes"]
+__all__ = ["StockShard", "close_shards", "connect_shards", "master_clients", "master_of",
+           "stock_shards"]
 
 
 @dataclass
-class StockNode:
-    """Everything that talks to shard `redis_id` (the name predates shards: it is the shard's
-    number, in its keys' hash tag, its entries and the database's ``redis_id`` columns)."""
+class StockShard:
+    """Everything that talks to shard `number` (its keys' hash tag ``{stock:N}``): the client
+    of its master, that client's script set and lease manager. The database and the redo
+    entries keep the older name ``redis_id`` for the same number (their columns and field)."""
 
-    redis_id: int
+    number: int
     client: Any
     scripts: StockScripts
     leases: Leases
 
     @classmethod
-    def on(cls, redis_id: int, client: Any, leases: Leases | None = None,
-           clock: Callable[[], int] | None = None) -> StockNode:
-        """Shard `redis_id` behind `client`. `clock` stands in for the shard's Redis clock
+    def on(cls, number: int, client: Any, leases: Leases | None = None,
+           clock: Callable[[], int] | None = None) -> StockShard:
+        """Shard `number` behind `client`. `clock` stands in for the shard's Redis clock
         (TIME) in tests; production passes none."""
-        return cls(redis_id, client, StockScripts(client, clock), leases or Leases(client))
+        return cls(number, client, StockScripts(client, clock), leases or Leases(client))
 
     def now_ms(self) -> int:
         """The shard's clock (its master's Redis TIME): the one clock of its due times."""
@@ -59,8 +60,8 @@ def master_of(shard: int, masters: int) -> int:
 
 
 def connect_shards(clients: Sequence[Any], shards: int,
-                   clock: Callable[[], int] | None = None) -> list[StockNode]:
-    """One StockNode per shard, shard 0 first: shard N on ``clients[N % len(clients)]``.
+                   clock: Callable[[], int] | None = None) -> list[StockShard]:
+    """One StockShard per shard, shard 0 first: shard N on ``clients[N % len(clients)]``.
 
     Shards of one client share its StockScripts and Leases (one keeper per master). `clock`
     stands in for the masters' Redis TIME in tests.
@@ -68,11 +69,7 @@ def connect_shards(clients: Sequence[Any], shards: int,
     if not clients or shards < 1:
         raise ValueError("stock shards need at least one client and one shard")
     per_client = [(client, StockScripts(client, clock), Leases(client)) for client in clients]
-    nodes = []
-    for shard in range(shards):
-        client, scripts, leases = per_client[master_of(shard, len(clients))]
-        nodes.append(StockNode(shard, client, scripts, leases))
-    return nodes
+    return [StockShard(n, *per_client[master_of(n, len(clients))]) for n in range(shards)]
 
 
 def master_clients(settings: Settings, socket_timeout: float = 5.0) -> list[Any]:
@@ -89,19 +86,19 @@ def master_clients(settings: Settings, socket_timeout: float = 5.0) -> list[Any]
             for url in restock_settings(settings).nodes(settings)]
 
 
-def close_shards(nodes: Sequence[StockNode]) -> None:
-    """Close every distinct lease manager and client of `nodes` once."""
+def close_shards(shards: Sequence[StockShard]) -> None:
+    """Close every distinct lease manager and client of `shards` once."""
     seen: set[int] = set()
-    for node in nodes:
-        if id(node.leases) not in seen:
-            seen.add(id(node.leases))
-            node.close()
-        if id(node.client) not in seen:
-            seen.add(id(node.client))
-            node.client.close()
+    for shard in shards:
+        if id(shard.leases) not in seen:
+            seen.add(id(shard.leases))
+            shard.close()
+        if id(shard.client) not in seen:
+            seen.add(id(shard.client))
+            shard.client.close()
 
 
-def stock_nodes(res: Resources) -> list[StockNode]:
+def stock_shards(res: Resources) -> list[StockShard]:
     """This process's stock shards for `res.settings`, shard 0 first."""
-    return res.shared("stock_nodes", lambda settings: connect_shards(
+    return res.shared("stock_shards", lambda settings: connect_shards(
         master_clients(settings), restock_settings(settings).shards))

@@ -1,0 +1,140 @@
+"""The reads of one run of a partition: its rows from an id up to `hi` that match the job's
+filter, in id order, its quarantined rows left out.
+
+Rows come off the driver's cursor as plain tuples (`BatchRows`) when the job's columns need no
+conversion on the dialect; SQLAlchemy `Row`s are made only if the job looks at its rows. The
+runner itself needs only each row's id (`id_at`, `ids_of`). The keyset pass that walks these
+reads, and decides when a partition is done, is `tasks.ranges.batches`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
+
+from sqlalchemy import Connection, Dialect, Row, bindparam, select
+from sqlalchemy.engine import result_tuple
+from sqlalchemy.exc import SQLAlchemyError
+
+from tasks.ranges.jobs import RangeJob
+
+__all__ = ["Reads", "BatchRows", "id_at", "ids_of", "plain"]
+
+
+class BatchRows(Sequence[Row[Any]]):
+    """One batch's rows as the driver returned them, made SQLAlchemy `Row`s on first access.
+
+    `raw` holds the driver's tuples in the order of the read's columns, or `Row`s already
+    (`make` None: a column needed a type conversion, so the read went through SQLAlchemy).
+    The runner reads only ids (`id_at`, `ids`); a job that writes by `Context.span` may never
+    touch its rows, and then no `Row` is built: for a batch of 20,000 rows that saves the
+    objects and the garbage collector's walks over them (plain tuples of ints and strings
+    drop out of its tracking).
+    """
+
+    __slots__ = ("_raw", "_make", "_id", "_rows")
+
+    def __init__(self, raw: Sequence[Any], make: Callable[[Any], Row[Any]] | None,
+                 id_index: int) -> None:
+        self._raw, self._make, self._id = raw, make, id_index
+        self._rows: Sequence[Row[Any]] | None = None if make is not None else raw
+
+    def id_at(self, index: int) -> int:
+        return int(self._raw[index][self._id])
+
+    def ids(self) -> list[int]:
+        i = self._id
+        return [int(r[i]) for r in self._raw]
+
+    def rows(self) -> Sequence[Row[Any]]:
+        if self._rows is None:
+            assert self._make is not None
+            self._rows = list(map(self._make, self._raw))
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, index: int) -> Row[Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Row[Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> Row[Any] | Sequence[Row[Any]]:
+        return self.rows()[index]
+
+    def __iter__(self) -> Iterator[Row[Any]]:
+        return iter(self.rows())
+
+
+def id_at(rows: Sequence[Row[Any]], index: int, id_column: str) -> int:
+    """The id of `rows[index]`, without making a `Row` of a driver's tuple."""
+    if isinstance(rows, BatchRows):
+        return rows.id_at(index)
+    return int(getattr(rows[index], id_column))
+
+
+def ids_of(rows: Sequence[Row[Any]], id_column: str) -> list[int]:
+    """The ids of `rows`, without making `Row`s of a driver's tuples."""
+    if isinstance(rows, BatchRows):
+        return rows.ids()
+    return [int(getattr(r, id_column)) for r in rows]
+
+
+def plain(columns: Sequence[Any], dialect: Dialect) -> bool:
+    """Whether the driver's values of `columns` are what SQLAlchemy would return (no result
+    processor on this dialect: integers and strings on the three databases)."""
+    for column in columns:
+        try:
+            impl = column.type.dialect_impl(dialect)
+            if impl.result_processor(dialect, None) is not None:
+                return False
+        except (SQLAlchemyError, TypeError, ValueError, KeyError):
+            return False
+    return True
+
+
+class Reads:
+    """The reads of `job`'s rows up to `hi`: `fetch(conn, from_id, size)` returns the next
+    `size` rows that match the job's filter from `from_id`, in id order, leaving out the ids
+    given to `leave_out` (the partition's quarantined rows; they still match the filter)."""
+
+    def __init__(self, job: RangeJob, hi: int) -> None:
+        columns = ([job.table.c[c] for c in job.columns] if job.columns
+                   else list(job.table.c))
+        self.job = job
+        self._columns = columns
+        self._id_index = [c.key for c in columns].index(job.id_column)
+        self._make_row = result_tuple([c.key for c in columns], [(c,) for c in columns])
+        self._raw_ok: bool | None = None  # the columns need no conversion (first read says)
+        self._query = (select(*columns)
+                       .where(job.id_col >= bindparam("from_id"), job.id_col <= hi, job.where)
+                       .order_by(job.id_col).limit(bindparam("size")))
+        self._read = self._query
+        self._left_out: frozenset[int] = frozenset()
+
+    @property
+    def left_out(self) -> frozenset[int]:
+        """The ids the reads leave out."""
+        return self._left_out
+
+    def leave_out(self, ids: frozenset[int]) -> None:
+        """From now on the reads leave out `ids` (they replace the ids left out before)."""
+        if ids == self._left_out:
+            return
+        self._left_out = ids
+        self._read = self._query.where(self.job.id_col.not_in(sorted(ids)))
+
+    def fetch(self, conn: Connection, from_id: int, size: int) -> BatchRows:
+        """The next `size` rows to do from `from_id`, off the driver's cursor when plain."""
+        if self._raw_ok is None:
+            self._raw_ok = plain(self._columns, conn.dialect)
+        result = conn.execute(self._read, {"from_id": from_id, "size": size})
+        if not self._raw_ok or result.cursor is None:
+            return BatchRows(result.all(), None, self._id_index)
+        try:
+            raw = result.cursor.fetchall()
+        finally:
+            result.close()
+        return BatchRows(raw, self._make_row, self._id_index)
