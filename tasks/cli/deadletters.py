@@ -7,7 +7,6 @@ store's refusals into one line on stderr and exit code 1 (nothing changed).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -15,39 +14,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tasks.cli.common import cli, fail, open_resources, require_tables
+from tasks.config.envparse import parse_duration, spoken_duration
 from tasks.config.settings import redact
+from tasks.deadletters.view import SEND_RETRY, SHOW_LIMIT, with_hint
 
 if TYPE_CHECKING:
     from tasks.deadletters.store import DeadLetters
 
-__all__ = ["deadletters", "parse_duration", "SHOW_LIMIT"]
-
-# Characters of a payload `show` prints; the rest is counted, not shown.
-SHOW_LIMIT = 4000
-
-# How a replay's publish retries when the broker is away (then the replay is refused).
-SEND_RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.5,
-              "interval_max": 1.0}
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in `7d`, `12h`, `30m` or `45s`; ValueError naming the accepted forms."""
-    found = _DURATION.match(text)
-    if found is None or float(found.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a duration: use a positive number followed by "
-                         "s, m, h or d (e.g. 7d, 12h, 30m)")
-    return float(found.group(1)) * _UNIT_S[found.group(2)]
-
-
-def _spoken(seconds: float) -> str:
-    """`seconds` in the largest unit that divides it (604800 -> 7d)."""
-    for unit, size in sorted(_UNIT_S.items(), key=lambda item: -item[1]):
-        if seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+__all__ = ["deadletters"]
 
 
 class _Duration(click.ParamType):
@@ -63,25 +37,6 @@ class _Duration(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def _hints() -> dict[str, str]:
-    """What to do instead of a replay, per kind of letter that keeps no task to send."""
-    from tasks.ranges.workrow import DEAD_LETTER_KIND as RANGE_KIND
-    from tasks.restock.drain import DEAD_LETTER_KIND as RESTOCK_KIND
-    from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND
-    from tasks.worker.limits import OVERSIZED_KIND
-
-    return {
-        RANGE_KIND: "a range partition is resumed, not replayed: fix the cause, then "
-                    "start the job again (tasks.ranges.start)",
-        RESTOCK_KIND: "a restock entry is not a task: give the stock back by hand once the "
-                      "entry's problem is fixed",
-        REBUILD_DEAD_LETTER_KIND: "force a rebuild of the node (tasks.restock.rebuild) once "
-                                  "its cause is fixed",
-        OVERSIZED_KIND: "only the first bytes of the message were kept; send a smaller one",
-        "compensation": "a compensation is not a task: run it by hand with the payload's data",
-    }
-
-
 @contextmanager
 def _store() -> Iterator[DeadLetters]:
     from tasks.deadletters.store import DeadLetterError, DeadLetters
@@ -91,8 +46,7 @@ def _store() -> Iterator[DeadLetters]:
         try:
             yield DeadLetters(res.sessions)
         except DeadLetterError as exc:
-            hint = _hints().get(getattr(exc, "kind", ""), "")
-            fail(f"{exc}" + (f" ({hint})" if hint else ""))
+            fail(with_hint(exc))
 
 
 @cli.group()
@@ -204,4 +158,4 @@ def purge(letter_id: int | None, older_than: float | None) -> None:
             click.echo(f"purged dead letter {letter_id}")
             return
         gone = store.prune(older_than or 0.0)
-        click.echo(f"purged {gone:,} dead letters older than {_spoken(older_than or 0.0)}")
+        click.echo(f"purged {gone:,} dead letters older than {spoken_duration(older_than or 0.0)}")

@@ -67,10 +67,9 @@ def _guarded(call: Callable[[], Any]) -> Any:
 
 
 def _with_hint(exc: Exception) -> str:
-    from tasks.cli.deadletters import _hints
+    from tasks.deadletters.view import with_hint
 
-    hint = _hints().get(getattr(exc, "kind", ""), "")
-    return f"{exc}" + (f" ({hint})" if hint else "")
+    return with_hint(exc)
 
 
 # -- range jobs ------------------------------------------------------------------------------
@@ -187,8 +186,8 @@ def letters(kind: str | None, limit: int = 100) -> dict[str, Any]:
 
 def letter(letter_id: int) -> dict[str, Any]:
     """One letter with its payload, credentials hidden (as `deadletters show --json`)."""
-    from tasks.cli.deadletters import SHOW_LIMIT
     from tasks.deadletters.store import DeadLetters, redact_payload, replay_refusal
+    from tasks.deadletters.view import SHOW_LIMIT
 
     def read() -> dict[str, Any]:
         found = DeadLetters(_res().sessions).get(letter_id)
@@ -214,8 +213,8 @@ def _payload_text(shown: Any, limit: int) -> str:
 def replay(letter_id: int) -> dict[str, Any]:
     """Send the letter's task again under a new task id (once per letter), as `deadletters
     replay` does."""
-    from tasks.cli.deadletters import SEND_RETRY
     from tasks.deadletters.store import DeadLetterError, DeadLetters
+    from tasks.deadletters.view import SEND_RETRY
 
     def send(name: str, args: list[Any], kwargs: dict[str, Any], task_id: str) -> None:
         app.send_task(name, args=args, kwargs=kwargs, task_id=task_id, serializer="json",
@@ -247,7 +246,7 @@ def purge(letter_id: int) -> dict[str, Any]:
 def purge_older(duration: str) -> dict[str, Any]:
     """Delete every letter older than `duration` (`7d`, `12h`...; `deadletters purge
     --older-than`)."""
-    from tasks.cli.deadletters import parse_duration
+    from tasks.config.envparse import parse_duration
     from tasks.deadletters.store import DeadLetters
 
     try:

@@ -14,12 +14,36 @@ from rich.text import Text
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.deadletters.store import DeadLetters, Summary
+from tasks.worker.limits import OVERSIZED_KIND
 
 __all__ = ["render_letters", "quote_text", "RECENT_LETTERS", "LettersView", "letters_view",
-           "letters_renderable", "letters_json", "console_for", "PIPED_WIDTH"]
+           "letters_renderable", "letters_json", "console_for", "PIPED_WIDTH", "SHOW_LIMIT",
+           "SEND_RETRY", "REPLAY_HINTS", "with_hint"]
 
 # Dead letters `status` lists (newest first, without payloads); the rest are only counted.
 RECENT_LETTERS = 10
+
+# Characters of a payload `deadletters show` and the console print; the rest is counted, not
+# shown.
+SHOW_LIMIT = 4000
+
+# How a replay's publish retries when the broker is away (then the replay is refused).
+SEND_RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.5,
+              "interval_max": 1.0}
+
+# What to do instead of a replay, per kind of letter that keeps no task to send. Keyed by the
+# kinds' values (the wings' DEAD_LETTER_KIND constants, tested equal in
+# tests/test_deadletters_cli.py): the core names no wing.
+REPLAY_HINTS = {
+    "range-partition": "a range partition is resumed, not replayed: fix the cause, then "
+                       "start the job again (tasks.ranges.start)",
+    "restock": "a restock entry is not a task: give the stock back by hand once the entry's "
+               "problem is fixed",
+    "restock-rebuild": "force a rebuild of the node (tasks.restock.rebuild) once its cause is "
+                       "fixed",
+    OVERSIZED_KIND: "only the first bytes of the message were kept; send a smaller one",
+    "compensation": "a compensation is not a task: run it by hand with the payload's data",
+}
 
 # Width of a console whose output is piped: wide enough that no table row is wrapped or cut,
 # so each row is one line a script can read (`--json` is the format meant for programs).
@@ -83,3 +107,10 @@ def render_letters(sessions: sessionmaker[Session], console: Console | None = No
 def quote_text(text: str, limit: int = 48) -> str:
     """`text` cut to `limit` characters (a ref or reason may quote a long bad value)."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def with_hint(exc: Exception) -> str:
+    """A store refusal's message, with what to do instead when its letter's kind has a hint
+    (the CLI's stderr line and the console's refusal say the same)."""
+    hint = REPLAY_HINTS.get(getattr(exc, "kind", ""), "")
+    return f"{exc}" + (f" ({hint})" if hint else "")
