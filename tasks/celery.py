@@ -30,7 +30,7 @@ log = logging.getLogger("tasks")
 # Named, never imported here: the app is the root every wing imports, so it knows the wings
 # only by these strings (Celery imports them when the app is finalized).
 TASK_MODULES = [
-    "tasks.worker.health", "tasks.ranges.tasks", "tasks.rollback", "tasks.restock.tasks",
+    "tasks.worker.health", "tasks.ranges.tasks", "tasks.rollback.tasks", "tasks.restock.tasks",
     "tasks.examples.cm_data", "tasks.examples.saga",
 ]
 

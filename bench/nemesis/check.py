@@ -30,8 +30,7 @@ from bench.nemesis.ledger import judge
 from bench.nemesis.load import SagaSent
 from tasks.examples.saga import SAGA_PREFIX
 from tasks.restock.keys import stock_key
-from tasks.rollback import JOURNAL, OWNERS
-from tasks.rollback.tables import JournalState, OwnerState
+from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 from tasks.store.models import (
     DEAD_LETTERS,
     ORDER_ITEMS,

@@ -24,8 +24,7 @@ from bench.nemesis.faults import Nemesis
 from bench.nemesis.fleet import Supervisor
 from bench.nemesis.job import JOB
 from bench.nemesis.load import Load
-from tasks.rollback import JOURNAL, OWNERS
-from tasks.rollback.tables import JournalState, OwnerState
+from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 from tasks.store.models import ORDER_ITEMS, RANGE_RUNS, ItemState, RunState
 
 __all__ = ["heal", "quiet", "wait_quiet", "silent_workers", "replace_stuck_orders"]

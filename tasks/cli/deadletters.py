@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tasks.cli.common import cli, fail, open_resources, require_tables
+from tasks.cli.common import fail, open_resources, require_tables
 from tasks.config.envparse import parse_duration, spoken_duration
 from tasks.config.settings import redact
 from tasks.deadletters.view import SEND_RETRY, SHOW_LIMIT, with_hint
@@ -49,7 +49,7 @@ def _store() -> Iterator[DeadLetters]:
             fail(with_hint(exc))
 
 
-@cli.group()
+@click.group()
 def deadletters() -> None:
     """List, show, replay and purge dead letters (what failed for good, with its reason)."""
 

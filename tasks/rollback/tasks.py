@@ -12,8 +12,8 @@
     a worker becomes ready           -> a `tasks.rollback.sweep` task (beat sends one every
                                         few seconds too)
 
-Importing this module installs the hooks and connects the handlers; `tasks.rollback` imports
-it, and Celery imports `tasks.rollback` (tasks.celery.TASK_MODULES).
+Importing this module installs the hooks and connects the handlers; Celery imports it
+(tasks.celery.TASK_MODULES). The tasks keep their names `tasks.rollback.*` (`name=` below).
 """
 
 from __future__ import annotations
