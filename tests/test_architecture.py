@@ -254,3 +254,11 @@ def test_no_module_imports_a_name_through_a_face_of_tasks() -> None:
                 bad |= {(name, f"{node.module}.{alias.name}") for alias in node.names
                         if f"{node.module}.{alias.name}" not in PROJECT}
     assert bad == set()
+
+
+def test_rich_is_drawn_in_one_module_of_the_cli() -> None:
+    """The wings' status views and the dead-letter view are plain data; the CLI draws them in
+    `tasks.cli.render`, the console serialises them."""
+    drawers = {name for name, targets in graph("lease", "tasks", "beat").items()
+               if any(within(target, "rich") for target in targets)}
+    assert drawers == {"tasks.cli.render"}

@@ -16,7 +16,13 @@ import click
 from tasks.cli.common import fail, open_resources, require_tables
 from tasks.config.envparse import parse_duration, spoken_duration
 from tasks.config.settings import redact
-from tasks.deadletters.view import SEND_RETRY, SHOW_LIMIT, with_hint
+from tasks.deadletters.view import (
+    SEND_RETRY,
+    letter_facts,
+    shown_payload,
+    summary_dict,
+    with_hint,
+)
 
 if TYPE_CHECKING:
     from tasks.deadletters.store import DeadLetters
@@ -61,31 +67,19 @@ def deadletters() -> None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
 def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
     """The newest dead letters, without their payloads."""
-    from rich.table import Table
-
-    from tasks.deadletters.view import console_for, quote_text
+    from tasks.cli.render import console_for, letters_table
 
     with _store() as store:
         letters = store.recent(limit, kind)
     if as_json:
         for s in letters:
-            click.echo(json.dumps({
-                "id": s.id, "kind": s.kind, "ref": s.ref, "reason": s.reason,
-                "created_at": s.created_at.isoformat(),
-                "replayed_at": s.replayed_at.isoformat() if s.replayed_at else None,
-                "replay_task_id": s.replay_task_id}, sort_keys=True))
+            click.echo(json.dumps(summary_dict(s), sort_keys=True))
         return
     console = console_for()
     if not letters:
         console.print("no dead letters" + (f" of kind {kind!r}" if kind else ""))
         return
-    table = Table(title=f"newest {len(letters)} dead letters")
-    for column in ("id", "kind", "ref", "created (UTC)", "replayed as", "reason"):
-        table.add_column(column, overflow="fold", justify="right" if column == "id" else "left")
-    for s in letters:
-        table.add_row(str(s.id), s.kind, quote_text(s.ref), f"{s.created_at:%Y-%m-%d %H:%M:%S}",
-                      s.replay_task_id or "-", quote_text(s.reason, 200))
-    console.print(table)
+    console.print(letters_table(letters))
 
 
 @deadletters.command()
@@ -93,21 +87,13 @@ def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="the letter as one JSON object")
 def show(letter_id: int, as_json: bool) -> None:
     """One letter with its payload (credentials hidden, at most SHOW_LIMIT characters)."""
-    from tasks.deadletters.store import redact_payload, replay_refusal
+    from tasks.deadletters.store import replay_refusal
 
     with _store() as store:
         letter = store.get(letter_id)
-    shown = redact_payload(letter.payload)
-    payload = json.dumps(shown, indent=2, sort_keys=True, default=str)
-    cut = len(payload) > SHOW_LIMIT
-    if cut:
-        payload = f"{payload[:SHOW_LIMIT]}\n... ({len(payload):,} characters, cut)"
+    shown, payload, cut = shown_payload(letter)
     refusal = replay_refusal(letter.payload)
-    facts = {"id": letter.id, "kind": letter.kind, "ref": letter.ref, "reason": letter.reason,
-             "created_at": letter.created_at.isoformat(),
-             "replayable": refusal is None and letter.replayed_at is None,
-             "replayed_at": letter.replayed_at.isoformat() if letter.replayed_at else None,
-             "replay_task_id": letter.replay_task_id}
+    facts = letter_facts(letter)
     if as_json:
         # The payload as an object, or as its cut text when it is longer than SHOW_LIMIT.
         click.echo(json.dumps({**facts, "payload": payload if cut else shown,

@@ -1,4 +1,6 @@
-"""`python -m tasks status`, restock: every node's term, window, queues and dead letters."""
+"""The restock status view, plain data: every node's term, window, queues and dead letters. The
+CLI draws it (`tasks.cli.render`), `python -m tasks status --json` and the console serialise it
+(`nodes_json`)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
-from rich.console import Console
-from rich.table import Table
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.deadletters.view import console_for
 from tasks.restock.drain import DEAD_LETTER_KIND
 from tasks.restock.keys import (
     delay_key,
@@ -24,7 +23,7 @@ from tasks.restock.keys import (
 )
 from tasks.store.models import DEAD_LETTERS
 
-__all__ = ["NodeView", "render_nodes", "restock_nodes", "nodes_table", "nodes_json"]
+__all__ = ["NodeView", "restock_nodes", "nodes_json"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,14 @@ class NodeView:
     backlog: dict[str, int]  # queue -> redo-log entries not yet synced
     dead_letters: int
     error: str | None = None
+
+    def window(self, now_ms: int) -> str:
+        """The maintenance window as text: now, never rebuilt, or the seconds to the next."""
+        if self.maintaining:
+            return "in maintenance now"
+        if self.next_maintain_ms is None:
+            return "never rebuilt: due now"
+        return f"next in {max(self.next_maintain_ms - now_ms, 0) / 1000:,.0f}s"
 
 
 def restock_nodes(sessions: sessionmaker[Session], nodes: Sequence[Any], queues: Sequence[str],
@@ -102,40 +109,7 @@ def _unsynced(client: Any, stream: str, cursor: bytes | None, length: int) -> in
     return len(after)
 
 
-def nodes_table(views: Sequence[NodeView], now_ms: int) -> Table:
-    table = Table(title="restock nodes")
-    for column in ("node", "term", "maintenance", "queue", "queued", "due", "unsynced log",
-                   "dead letters"):
-        table.add_column(column, overflow="fold", justify="left" if column in (
-            "maintenance", "queue") else "right")
-    for v in views:
-        if v.error is not None:
-            table.add_row(str(v.node), "-", f"unreachable: {v.error}", "-", "-", "-", "-",
-                          str(v.dead_letters))
-            continue
-        window = _window(v, now_ms)
-        for i, queue in enumerate(v.queued):
-            first = i == 0
-            table.add_row(str(v.node) if first else "", str(v.term) if first else "",
-                          window if first else "", queue, str(v.queued[queue]),
-                          str(v.due[queue]), str(v.backlog[queue]),
-                          str(v.dead_letters) if first else "")
-    return table
-
-
-def _window(v: NodeView, now_ms: int) -> str:
-    if v.maintaining:
-        return "in maintenance now"
-    if v.next_maintain_ms is None:
-        return "never rebuilt: due now"
-    return f"next in {max(v.next_maintain_ms - now_ms, 0) / 1000:,.0f}s"
-
-
 def nodes_json(views: Sequence[NodeView], now_ms: int) -> list[dict[str, Any]]:
     """Every node as a JSON object (`window` is the maintenance column's text)."""
-    return [{**asdict(v), "window": _window(v, now_ms) if v.error is None else None}
+    return [{**asdict(v), "window": v.window(now_ms) if v.error is None else None}
             for v in views]
-
-
-def render_nodes(views: Sequence[NodeView], now_ms: int, console: Console | None = None) -> None:
-    (console or console_for()).print(nodes_table(views, now_ms))
