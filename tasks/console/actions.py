@@ -59,21 +59,16 @@ def _guarded(call: Callable[[], Any]) -> Any:
     from sqlalchemy.exc import OperationalError
 
     from tasks.deadletters.store import DeadLetterError
+    from tasks.deadletters.view import with_hint
     from tasks.store.validate import InvalidArguments
 
     try:
         return call()
     except (InvalidArguments, DeadLetterError) as exc:
-        raise Refused(_with_hint(exc)) from None
+        raise Refused(with_hint(exc)) from None
     except (RedisError, OperationalError, OSError) as exc:
         reason = redact(" ".join(str(exc).split()))[:300]
         raise Unavailable(f"{type(exc).__name__}: {reason}") from None
-
-
-def _with_hint(exc: Exception) -> str:
-    from tasks.deadletters.view import with_hint
-
-    return with_hint(exc)
 
 
 # -- range jobs ------------------------------------------------------------------------------
