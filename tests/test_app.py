@@ -135,10 +135,16 @@ def test_every_task_the_readme_beat_and_compose_name_is_registered() -> None:
     assert sorted({n for n in short if short.count(n) > 1}) == []
 
 
-def test_the_image_holds_every_product_package() -> None:
+def test_the_image_holds_every_product_package_and_what_it_runs() -> None:
+    """The image runs workers, beat, Flower and `python -m tasks`: the product packages and
+    the flower extra, not the developer tools."""
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    for package in ("lease", "tasks", "beat", "devtools"):
+    for package in ("lease", "tasks", "beat"):
         assert f"COPY {package} {package}" in dockerfile
+    for package in ("devtools", "bench", "tests"):
+        assert f"COPY {package}" not in dockerfile
+    assert "COPY pyproject.toml README.md flowerconfig.py" in dockerfile
+    assert "pip install --no-cache-dir '.[postgres,flower]'" in dockerfile
 
 
 def test_importing_a_pure_module_builds_no_app() -> None:

@@ -367,3 +367,51 @@ def test_no_module_is_long_and_no_function_is_long() -> None:
                     long_functions.add((name, node.name, length))
     assert long_modules == set()
     assert long_functions == set()
+
+
+def test_the_console_never_imports_the_cli() -> None:
+    """The CLI and the console both stand on the wings' views and the dead-letter module;
+    neither imports the other (the CLI names the console only to serve it)."""
+    bad = {(name, target) for name, targets in graph("tasks").items() for target in targets
+           if within(name, "tasks.console") and within(target, "tasks.cli")}
+    assert bad == set()
+
+
+def package_faces(package: str) -> dict[str, Path]:
+    return {name: path for name, path in sources(package).items() if path.name == "__init__.py"}
+
+
+def test_every_package_face_under_tasks_does_no_work() -> None:
+    """A face of `tasks` holds its docstring and nothing else (`from __future__` at most): so
+    importing `tasks.ranges.planning` runs `tasks/ranges/__init__.py` and builds nothing, reads
+    no environment and connects no signal."""
+    bad = set()
+    for name, path in package_faces("tasks").items():
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        bad |= {(name, node.lineno) for node in body
+                if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")}
+    assert bad == set()
+
+
+def test_no_module_imports_a_name_through_a_face_of_tasks() -> None:
+    """`from tasks.rollback import step` would need the face to import `api`: every import
+    from a package of `tasks` names one of its modules (`from tasks.console import actions`)
+    or goes to the module itself (`from tasks.rollback.api import step`)."""
+    faces = set(package_faces("tasks"))
+    bad = set()
+    for name, path in PROJECT.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in faces:
+                bad |= {(name, f"{node.module}.{alias.name}") for alias in node.names
+                        if f"{node.module}.{alias.name}" not in PROJECT}
+    assert bad == set()
+
+
+def test_rich_is_drawn_in_one_module_of_the_cli() -> None:
+    """The wings' status views and the dead-letter view are plain data; the CLI draws them in
+    `tasks.cli.render`, the console serialises them."""
+    drawers = {name for name, targets in graph("lease", "tasks", "beat").items()
+               if any(within(target, "rich") for target in targets)}
+    assert drawers == {"tasks.cli.render"}

@@ -240,3 +240,24 @@ def test_no_credential_in_any_page_header_or_the_log(console: tuple[Proc, str, P
     for secret in (PASSWORD, FLOWER_PASSWORD, "a-wrong-password-typed"):
         assert secret not in log
     wait_until(lambda: proc.popen.poll() is not None, 5, "the console stopped")
+
+
+def test_the_api_serialises_the_views_the_cli_draws() -> None:
+    """The console's job and partition objects are the wing's own views as `status --json`
+    writes them, plus what a bar needs (share, rows/s to one decimal, the ETA as text)."""
+    from datetime import datetime
+
+    from tasks.console.actions import _summary_json
+    from tasks.ranges.status import JobSummary, PartitionView
+
+    summary = JobSummary("j", "running", 40, 50, 100, 10.26, 125.0, {"running": 1}, 3, 20.0)
+    shown = _summary_json(summary)
+    assert shown == {**summary.as_dict(), "share": 0.5, "rows_per_s": 10.3, "eta": "2m05s"}
+    assert _summary_json(JobSummary.never_started("k")) == {
+        "job": "k", "state": "never started", "run": None, "rows_done": 0, "ids_walked": 0,
+        "ids_planned": 0, "share": 0.0, "rows_per_s": 0.0, "eta": "-", "eta_s": None,
+        "throttle_rows_per_s": None, "partitions": {}}
+    view = PartitionView("j", 0, 1, 100, "running", "w@h:1", 51, 40, 10.0, 3, 2, None,
+                         datetime(2026, 1, 2, 3, 4, 5))
+    assert view.as_dict()["heartbeat_at"] == "2026-01-02T03:04:05"
+    assert (view.share, view.as_dict()["takeovers"]) == (0.5, 1)

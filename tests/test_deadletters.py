@@ -13,9 +13,10 @@ from rich.console import Console
 from sqlalchemy import Engine, event, insert
 from sqlalchemy.orm import sessionmaker
 
+from tasks.cli.render import letters_renderable
 from tasks.deadletters.store import PRUNE_BATCH, DeadLetters
 from tasks.deadletters.tables import DEAD_LETTERS
-from tasks.deadletters.view import render_letters
+from tasks.deadletters.view import letters_view
 from tasks.restock.status import _letters_per_shard, shard_views
 from tasks.store.db import utcnow
 from tasks.wings import WINGS, load_settings
@@ -88,7 +89,7 @@ def test_status_counts_letters_in_sql_and_lists_recent_ones_without_payloads(
     assert _letters_per_shard(sessions, [0, 1, 2, 10]) == {0: 3, 1: 2, 2: 0, 10: 1}
     assert shard_views(sessions, [], [], 0) == []
     out = StringIO()
-    render_letters(sessions, Console(file=out, width=200))
+    Console(file=out, width=200).print(letters_renderable(letters_view(sessions)))
     shown = out.getvalue()
     assert "dead letters: 31 (restock: 6, task: 25)" in shown
     assert "newest 10 dead letters" in shown and shown.count(" boom ") == 10

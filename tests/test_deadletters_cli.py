@@ -18,7 +18,7 @@ from celery import Celery
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import sessionmaker
 
-from tasks.cli.deadletters import parse_duration
+from tasks.config.envparse import parse_duration, spoken_duration
 from tasks.deadletters.store import (
     AlreadyReplayed,
     DeadLetters,
@@ -143,6 +143,21 @@ def test_purge_by_id_and_by_age(migrated: Any) -> None:
 ])
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
+    assert parse_duration(spoken_duration(seconds)) == seconds
+
+
+def test_every_replay_hint_names_a_kind_the_platform_writes() -> None:
+    """The hints are the registered kinds' (the wings declare theirs, the app registers them);
+    each is a kind a wing or the core really dead-letters with."""
+    import tasks.celery  # noqa: F401  (registers the wings' kinds)
+    from tasks.deadletters.kinds import kinds
+    from tasks.ranges.workrow import DEAD_LETTER_KIND as RANGE_KIND
+    from tasks.restock.drain import DEAD_LETTER_KIND as RESTOCK_KIND
+    from tasks.restock.maintenance import REBUILD_DEAD_LETTER_KIND
+    from tasks.worker.limits import OVERSIZED_KIND
+
+    assert {name for name, kind in kinds().items() if kind.hint} == {
+        RANGE_KIND, RESTOCK_KIND, REBUILD_DEAD_LETTER_KIND, OVERSIZED_KIND, "compensation"}
 
 
 def test_replay_refusals_and_redaction_are_pure() -> None:

@@ -26,7 +26,7 @@ import yaml
 from click.testing import CliRunner
 
 from tasks.celery import HANDOVER_SECONDS, soft_shutdown_timeout
-from tasks.cli import cli
+from tasks.cli.main import cli
 from tasks.wings import load_settings, variables
 from tests.support.brokers import platform_client
 from tests.support.db import fresh_database

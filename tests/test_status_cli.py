@@ -30,8 +30,9 @@ from celery import Celery
 from rich.console import Console
 from sqlalchemy import Engine, insert, update
 
+from tasks.cli.render import partitions_table
 from tasks.deadletters.store import DeadLetters
-from tasks.ranges.status import PartitionView, format_eta, partitions_table, summarize
+from tasks.ranges.status import PartitionView, format_eta, summarize
 from tasks.ranges.tables import WORK
 from tasks.store.db import utcnow
 from tests.support.workers import ROOT, start_worker, wait_until

@@ -33,8 +33,7 @@ from tasks.examples.saga import SAGA_PREFIX
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, WORK, RunState
 from tasks.restock.keys import stock_key
 from tasks.restock.tables import ORDER_ITEMS, PAYMENTS, SKUS, ItemState
-from tasks.rollback import JOURNAL, OWNERS
-from tasks.rollback.tables import JournalState, OwnerState
+from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 
 __all__ = ["Findings", "check", "FaultLog"]
 

@@ -26,8 +26,7 @@ from bench.nemesis.job import JOB
 from bench.nemesis.load import Load
 from tasks.ranges.tables import RANGE_RUNS, RunState
 from tasks.restock.tables import ORDER_ITEMS, ItemState
-from tasks.rollback import JOURNAL, OWNERS
-from tasks.rollback.tables import JournalState, OwnerState
+from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
 
 __all__ = ["heal", "quiet", "wait_quiet", "silent_workers", "replace_stuck_orders"]
 

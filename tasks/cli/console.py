@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from tasks.cli.common import cli, fail
+import click
+
+from tasks.cli.common import fail
 
 __all__ = ["console"]
 
 
-@cli.command()
+@click.command()
 def console() -> None:
     """Serve the operator console on CONSOLE_ADDRESS:CONSOLE_PORT (default 127.0.0.1:5566).
 
@@ -18,8 +20,8 @@ def console() -> None:
     is linked for task-level detail. Stop it with Ctrl-C or SIGTERM.
     """
     from tasks.celery import settings
-    from tasks.console import serve
     from tasks.console.auth import ConsoleRefused
+    from tasks.console.server import serve
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -12,8 +10,7 @@ import click
 from tasks.cli.common import open_resources, require_redis, require_tables
 
 if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
-
+    from tasks.cli.render import RenderableType
     from tasks.store.resources import Resources
 
 __all__ = ["migrate", "seed", "status"]
@@ -54,7 +51,8 @@ def status(job: str | None, as_json: bool, watch: float | None) -> None:
 
     Exits 1 with one line on stderr when the database or REDIS_URL does not answer (the
     compose and k8s readiness probes run `status --json`)."""
-    from tasks.deadletters.view import console_for
+    from tasks.cli.render import console_for
+    from tasks.cli.render import watch as redraw
 
     if as_json and watch is not None:
         raise click.UsageError("--json and --watch do not go together: poll --json instead")
@@ -68,7 +66,7 @@ def status(job: str | None, as_json: bool, watch: float | None) -> None:
         if watch is None:
             console.print(_snapshot(res, job, console.width))
             return
-        _watch(console, lambda: _snapshot(res, job, console.width), watch)
+        redraw(console, lambda: _snapshot(res, job, console.width), watch)
 
 
 def _views(res: Resources, job: str | None) -> tuple[Any, Any, Any, int]:
@@ -87,16 +85,10 @@ def _views(res: Resources, job: str | None) -> tuple[Any, Any, Any, int]:
 
 
 def _snapshot(res: Resources, job: str | None, width: int) -> RenderableType:
-    from rich.console import Group
-
-    from tasks.deadletters.view import letters_renderable
-    from tasks.ranges.status import jobs_table, partitions_table
-    from tasks.restock.status import shards_table
+    from tasks.cli.render import status_renderable
 
     views, summaries, (nodes, letters), now = _views(res, job)
-    parts = [jobs_table(summaries)] if summaries else []
-    return Group(*parts, partitions_table(views, width, job), shards_table(nodes, now),
-                 letters_renderable(letters))
+    return status_renderable(views, summaries, nodes, letters, now, width, job)
 
 
 def _snapshot_json(res: Resources, job: str | None) -> dict[str, Any]:
@@ -107,29 +99,3 @@ def _snapshot_json(res: Resources, job: str | None) -> dict[str, Any]:
     views, summaries, (nodes, letters), now = _views(res, job)
     return {**ranges_json(views, summaries), "restock_nodes": shards_json(nodes, now),
             "dead_letters": letters_json(letters)}
-
-
-def _watch(console: Console, snapshot: Callable[[], RenderableType], every: float) -> None:
-    """Redraw `snapshot()` every `every` seconds in place until Ctrl-C; piped, print one
-    snapshot after another (a live display would only show the last)."""
-    from rich.console import Group
-    from rich.live import Live
-    from rich.text import Text
-
-    from tasks.store.db import utcnow
-
-    def stamped() -> RenderableType:
-        return Group(Text(f"status at {utcnow():%Y-%m-%d %H:%M:%S} UTC, every {every:g}s "
-                          "(Ctrl-C to stop)"), snapshot())
-
-    try:
-        if not console.is_terminal:
-            while True:
-                console.print(stamped())
-                time.sleep(every)
-        with Live(stamped(), console=console, auto_refresh=False) as live:
-            while True:
-                time.sleep(every)
-                live.update(stamped(), refresh=True)
-    except KeyboardInterrupt:
-        pass

@@ -7,47 +7,27 @@ store's refusals into one line on stderr and exit code 1 (nothing changed).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from tasks.cli.common import cli, fail, open_resources, require_tables
+from tasks.cli.common import fail, open_resources, require_tables
+from tasks.config.envparse import parse_duration, spoken_duration
 from tasks.config.settings import redact
+from tasks.deadletters.view import (
+    SEND_RETRY,
+    letter_facts,
+    shown_payload,
+    summary_dict,
+    with_hint,
+)
 
 if TYPE_CHECKING:
     from tasks.deadletters.store import DeadLetters
 
-__all__ = ["deadletters", "parse_duration", "SHOW_LIMIT"]
-
-# Characters of a payload `show` prints; the rest is counted, not shown.
-SHOW_LIMIT = 4000
-
-# How a replay's publish retries when the broker is away (then the replay is refused).
-SEND_RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.5,
-              "interval_max": 1.0}
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in `7d`, `12h`, `30m` or `45s`; ValueError naming the accepted forms."""
-    found = _DURATION.match(text)
-    if found is None or float(found.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a duration: use a positive number followed by "
-                         "s, m, h or d (e.g. 7d, 12h, 30m)")
-    return float(found.group(1)) * _UNIT_S[found.group(2)]
-
-
-def _spoken(seconds: float) -> str:
-    """`seconds` in the largest unit that divides it (604800 -> 7d)."""
-    for unit, size in sorted(_UNIT_S.items(), key=lambda item: -item[1]):
-        if seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+__all__ = ["deadletters"]
 
 
 class _Duration(click.ParamType):
@@ -63,17 +43,9 @@ class _Duration(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def _hints() -> dict[str, str]:
-    """What to do instead of a replay, per kind of letter that keeps no task to send (each
-    wing declares its kinds; the app registers them: tasks.deadletters.kinds)."""
-    import tasks.celery  # noqa: F401  (registers the wings' dead-letter kinds)
-    from tasks.deadletters.kinds import kinds
-
-    return {name: kind.hint for name, kind in kinds().items() if kind.hint}
-
-
 @contextmanager
 def _store() -> Iterator[DeadLetters]:
+    import tasks.celery  # noqa: F401  (the app registers every wing's dead-letter kinds)
     from tasks.deadletters.store import DeadLetterError, DeadLetters
 
     with open_resources() as res:
@@ -81,11 +53,10 @@ def _store() -> Iterator[DeadLetters]:
         try:
             yield DeadLetters(res.sessions)
         except DeadLetterError as exc:
-            hint = _hints().get(getattr(exc, "kind", ""), "")
-            fail(f"{exc}" + (f" ({hint})" if hint else ""))
+            fail(with_hint(exc))
 
 
-@cli.group()
+@click.group()
 def deadletters() -> None:
     """List, show, replay and purge dead letters (what failed for good, with its reason)."""
 
@@ -97,31 +68,19 @@ def deadletters() -> None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
 def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
     """The newest dead letters, without their payloads."""
-    from rich.table import Table
-
-    from tasks.deadletters.view import console_for, quote_text
+    from tasks.cli.render import console_for, letters_table
 
     with _store() as store:
         letters = store.recent(limit, kind)
     if as_json:
         for s in letters:
-            click.echo(json.dumps({
-                "id": s.id, "kind": s.kind, "ref": s.ref, "reason": s.reason,
-                "created_at": s.created_at.isoformat(),
-                "replayed_at": s.replayed_at.isoformat() if s.replayed_at else None,
-                "replay_task_id": s.replay_task_id}, sort_keys=True))
+            click.echo(json.dumps(summary_dict(s), sort_keys=True))
         return
     console = console_for()
     if not letters:
         console.print("no dead letters" + (f" of kind {kind!r}" if kind else ""))
         return
-    table = Table(title=f"newest {len(letters)} dead letters")
-    for column in ("id", "kind", "ref", "created (UTC)", "replayed as", "reason"):
-        table.add_column(column, overflow="fold", justify="right" if column == "id" else "left")
-    for s in letters:
-        table.add_row(str(s.id), s.kind, quote_text(s.ref), f"{s.created_at:%Y-%m-%d %H:%M:%S}",
-                      s.replay_task_id or "-", quote_text(s.reason, 200))
-    console.print(table)
+    console.print(letters_table(letters))
 
 
 @deadletters.command()
@@ -129,21 +88,13 @@ def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="the letter as one JSON object")
 def show(letter_id: int, as_json: bool) -> None:
     """One letter with its payload (credentials hidden, at most SHOW_LIMIT characters)."""
-    from tasks.deadletters.store import redact_payload, replay_refusal
+    from tasks.deadletters.store import replay_refusal
 
     with _store() as store:
         letter = store.get(letter_id)
-    shown = redact_payload(letter.payload)
-    payload = json.dumps(shown, indent=2, sort_keys=True, default=str)
-    cut = len(payload) > SHOW_LIMIT
-    if cut:
-        payload = f"{payload[:SHOW_LIMIT]}\n... ({len(payload):,} characters, cut)"
+    shown, payload, cut = shown_payload(letter)
     refusal = replay_refusal(letter.payload)
-    facts = {"id": letter.id, "kind": letter.kind, "ref": letter.ref, "reason": letter.reason,
-             "created_at": letter.created_at.isoformat(),
-             "replayable": refusal is None and letter.replayed_at is None,
-             "replayed_at": letter.replayed_at.isoformat() if letter.replayed_at else None,
-             "replay_task_id": letter.replay_task_id}
+    facts = letter_facts(letter)
     if as_json:
         # The payload as an object, or as its cut text when it is longer than SHOW_LIMIT.
         click.echo(json.dumps({**facts, "payload": payload if cut else shown,
@@ -194,4 +145,4 @@ def purge(letter_id: int | None, older_than: float | None) -> None:
             click.echo(f"purged dead letter {letter_id}")
             return
         gone = store.prune(older_than or 0.0)
-        click.echo(f"purged {gone:,} dead letters older than {_spoken(older_than or 0.0)}")
+        click.echo(f"purged {gone:,} dead letters older than {spoken_duration(older_than or 0.0)}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from tasks.cli.common import cli, fail, open_resources, require_tables
+from tasks.cli.common import fail, open_resources, require_tables
 
 __all__ = ["jobs", "actor"]
 
@@ -31,7 +31,7 @@ def actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-@cli.group()
+@click.group()
 def jobs() -> None:
     """Range-job controls (pause, resume, cancel, retry-failed, throttle) and run history."""
 

@@ -20,7 +20,7 @@ __all__ = [
     "SettingsError", "redact", "url", "url_list", "check", "cluster_nodes", "db_zero", "flag",
     "database_url", "modules", "one_of", "at_least", "positive", "port", "address",
     "sentinel_master", "queue", "secret", "SSL_CERT_REQS", "shipped", "SHIPPED_VALUES",
-    "url_password", "networks",
+    "url_password", "networks", "parse_duration", "spoken_duration",
 ]
 
 T = TypeVar("T")
@@ -281,3 +281,25 @@ def secret(name: str, raw: str) -> str:
     if len(raw) < 32:
         raise SettingsError(f"{name} must be at least 32 characters (it signs session cookies)")
     return raw
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `7d`, `12h`, `30m` or `45s`; ValueError naming the accepted forms (the CLI's
+    `--older-than` and the console's purge form read an operator's duration with it)."""
+    found = _DURATION.match(text)
+    if found is None or float(found.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration: use a positive number followed by "
+                         "s, m, h or d (e.g. 7d, 12h, 30m)")
+    return float(found.group(1)) * _UNIT_S[found.group(2)]
+
+
+def spoken_duration(seconds: float) -> str:
+    """`seconds` in the largest unit that divides it (604800 -> 7d): `parse_duration` back."""
+    for unit, size in sorted(_UNIT_S.items(), key=lambda item: -item[1]):
+        if seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

@@ -7,14 +7,12 @@
     deadletters   list, filter by kind, show, replay, purge
 
 It shows and does what the CLI does, with the same code (`tasks.console.actions` is the one
-module that calls into the platform). Like the CLI it sits above the wings. It refuses to
+module that calls into the platform; it serialises the wings' plain status views and never
+imports the CLI). `tasks.console.server` builds the app (`make_app`) and serves it (`serve`);
+this face does no work. Like the CLI it sits above the wings. It refuses to
 start without CONSOLE_USER and CONSOLE_PASSWORD or with a password or secret shipped in this
 repository, binds 127.0.0.1 unless CONSOLE_ADDRESS says otherwise, limits failed logins per
 user and per address (`tasks.console.logins`), keeps sessions on the server
 (`tasks.console.sessions`), and every state-changing request needs the CSRF token issued at
 login (`tasks.console.auth`).
 """
-
-from tasks.console.server import make_app, serve
-
-__all__ = ["make_app", "serve"]

@@ -2,10 +2,11 @@
 
 The console shows and does what the CLI shows and does, with the same code: the range-job
 controls are `tasks.ranges.tasks.controls()` / `start_job` (what `python -m tasks jobs ...`
-and the `tasks.ranges.*` Celery tasks run), the status views are `tasks.ranges.status`,
-`tasks.ranges.runs` and `tasks.restock.status` (what `python -m tasks status` prints), the
-dead letters are `tasks.deadletters.store.DeadLetters` (what `python -m tasks deadletters ...`
-runs).
+and the `tasks.ranges.*` Celery tasks run), the status views are the plain views of
+`tasks.ranges.status`, `tasks.ranges.runs` and `tasks.restock.status` (what `python -m tasks
+status` draws), serialised as `status --json` serialises them, the dead letters are
+`tasks.deadletters.store.DeadLetters` and `tasks.deadletters.view` (what `python -m tasks
+deadletters ...` runs). It imports no CLI module.
 If one of those functions is renamed, this module is the one to change.
 
 Every function here is blocking (database and Redis round trips): the web handlers run them
@@ -17,11 +18,14 @@ platform's own message; nothing was changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.celery import app, settings
 from tasks.config.settings import redact
 from tasks.store.resources import Resources, resources_for
+
+if TYPE_CHECKING:
+    from tasks.ranges.status import JobSummary
 
 __all__ = ["Refused", "Unavailable", "VERBS", "load_jobs", "jobs_overview", "job_detail",
            "control", "restock_overview", "letters", "letter", "replay", "purge",
@@ -54,23 +58,18 @@ def _guarded(call: Callable[[], Any]) -> Any:
     from redis.exceptions import RedisError
     from sqlalchemy.exc import OperationalError
 
+    import tasks.celery  # noqa: F401  (the app registers every wing's dead-letter kinds)
     from tasks.deadletters.store import DeadLetterError
+    from tasks.deadletters.view import with_hint
     from tasks.store.validate import InvalidArguments
 
     try:
         return call()
     except (InvalidArguments, DeadLetterError) as exc:
-        raise Refused(_with_hint(exc)) from None
+        raise Refused(with_hint(exc)) from None
     except (RedisError, OperationalError, OSError) as exc:
         reason = redact(" ".join(str(exc).split()))[:300]
         raise Unavailable(f"{type(exc).__name__}: {reason}") from None
-
-
-def _with_hint(exc: Exception) -> str:
-    from tasks.cli.deadletters import _hints
-
-    hint = _hints().get(getattr(exc, "kind", ""), "")
-    return f"{exc}" + (f" ({hint})" if hint else "")
 
 
 # -- range jobs ------------------------------------------------------------------------------
@@ -82,24 +81,19 @@ def jobs_overview() -> list[dict[str, Any]]:
 
 def _jobs_overview() -> list[dict[str, Any]]:
     from tasks.ranges.jobs import registered_jobs
-    from tasks.ranges.status import format_eta, partitions, summarize
+    from tasks.ranges.status import JobSummary, partitions, summarize
 
     sessions = _res().sessions
     summaries = {s.job: s for s in summarize(partitions(sessions), sessions)}
-    out: list[dict[str, Any]] = []
-    for job in registered_jobs():
-        s = summaries.get(job.name)
-        if s is None:
-            out.append({"job": job.name, "state": "never started", "run": None, "rows_done": 0,
-                        "ids_walked": 0, "ids_planned": 0, "share": 0.0, "rows_per_s": 0.0,
-                        "eta": "-", "throttle": None, "partitions": {}})
-            continue
-        out.append({"job": s.job, "state": s.state, "run": s.run, "rows_done": s.rows_done,
-                    "ids_walked": s.ids_walked, "ids_planned": s.ids_planned,
-                    "share": s.ids_walked / s.ids_planned if s.ids_planned else 1.0,
-                    "rows_per_s": round(s.rows_per_s, 1), "eta": format_eta(s.eta_s),
-                    "throttle": s.throttle_rows_per_s, "partitions": s.partitions})
-    return out
+    return [_summary_json(summaries.get(job.name) or JobSummary.never_started(job.name))
+            for job in registered_jobs()]
+
+
+def _summary_json(s: JobSummary) -> dict[str, Any]:
+    """A `JobSummary` as the page reads it: its `status --json` fields, the share walked, the
+    ETA as text, rows/s to one decimal."""
+    return {**s.as_dict(), "share": s.share, "rows_per_s": round(s.rows_per_s, 1),
+            "eta": s.eta}
 
 
 def job_detail(job: str) -> dict[str, Any]:
@@ -115,11 +109,7 @@ def _job_detail(job: str) -> dict[str, Any]:
     name = get_job(job).name
     sessions = _res().sessions
     summary = next((j for j in _jobs_overview() if j["job"] == name), None)
-    parts = [{"part": v.part, "lo": v.lo, "hi": v.hi, "state": v.status, "owner": v.owner,
-              "checkpoint": v.checkpoint, "rows_done": v.rows_done,
-              "rows_per_s": round(v.rows_per_s, 1), "fence": v.fence,
-              "takeovers": v.takeovers, "error": v.error,
-              "share": v.ids_walked / (v.hi - v.lo + 1) if v.hi >= v.lo else 1.0}
+    parts = [{**v.as_dict(), "share": v.share, "rows_per_s": round(v.rows_per_s, 1)}
              for v in partitions(sessions, name)]
     found = runs_of(sessions, name, 20)
     events = events_of(sessions, [r.id for r in found])
@@ -173,50 +163,35 @@ def restock_overview() -> list[dict[str, Any]]:
 def letters(kind: str | None, limit: int = 100) -> dict[str, Any]:
     """The newest `limit` letters (of `kind`), without payloads, and the count per kind."""
     from tasks.deadletters.store import DeadLetters
+    from tasks.deadletters.view import summary_dict
 
     def read() -> dict[str, Any]:
         store = DeadLetters(_res().sessions)
-        return {"counts": store.counts(), "letters": [
-            {"id": s.id, "kind": s.kind, "ref": s.ref, "reason": s.reason,
-             "created_at": s.created_at.isoformat(timespec="seconds"),
-             "replayed_at": s.replayed_at.isoformat(timespec="seconds")
-             if s.replayed_at else None, "replay_task_id": s.replay_task_id}
-            for s in store.recent(limit, kind or None)]}
+        return {"counts": store.counts(),
+                "letters": [summary_dict(s, "seconds") for s in store.recent(limit, kind or None)]}
 
     return _guarded(read)  # type: ignore[no-any-return]
 
 
 def letter(letter_id: int) -> dict[str, Any]:
     """One letter with its payload, credentials hidden (as `deadletters show --json`)."""
-    from tasks.cli.deadletters import SHOW_LIMIT
-    from tasks.deadletters.store import DeadLetters, redact_payload, replay_refusal
+    from tasks.deadletters.store import DeadLetters, replay_refusal
+    from tasks.deadletters.view import letter_facts, shown_payload
 
     def read() -> dict[str, Any]:
         found = DeadLetters(_res().sessions).get(letter_id)
-        text = _payload_text(redact_payload(found.payload), SHOW_LIMIT)
-        refusal = replay_refusal(found.payload)
-        return {"id": found.id, "kind": found.kind, "ref": found.ref, "reason": found.reason,
-                "created_at": found.created_at.isoformat(timespec="seconds"),
-                "replayed_at": found.replayed_at.isoformat(timespec="seconds")
-                if found.replayed_at else None, "replay_task_id": found.replay_task_id,
-                "replayable": refusal is None and found.replayed_at is None,
-                "refusal": refusal, "payload": text}
+        _, text, _ = shown_payload(found)
+        return {**letter_facts(found, "seconds"), "refusal": replay_refusal(found.payload),
+                "payload": text}
 
     return _guarded(read)  # type: ignore[no-any-return]
-
-
-def _payload_text(shown: Any, limit: int) -> str:
-    import json
-
-    text = json.dumps(shown, indent=2, sort_keys=True, default=str)
-    return text if len(text) <= limit else f"{text[:limit]}\n... ({len(text):,} characters, cut)"
 
 
 def replay(letter_id: int) -> dict[str, Any]:
     """Send the letter's task again under a new task id (once per letter), as `deadletters
     replay` does."""
-    from tasks.cli.deadletters import SEND_RETRY
     from tasks.deadletters.store import DeadLetterError, DeadLetters
+    from tasks.deadletters.view import SEND_RETRY
 
     def send(name: str, args: list[Any], kwargs: dict[str, Any], task_id: str) -> None:
         app.send_task(name, args=args, kwargs=kwargs, task_id=task_id, serializer="json",
@@ -248,7 +223,7 @@ def purge(letter_id: int) -> dict[str, Any]:
 def purge_older(duration: str) -> dict[str, Any]:
     """Delete every letter older than `duration` (`7d`, `12h`...; `deadletters purge
     --older-than`)."""
-    from tasks.cli.deadletters import parse_duration
+    from tasks.config.envparse import parse_duration
     from tasks.deadletters.store import DeadLetters
 
     try:

@@ -1,37 +1,33 @@
-"""`python -m tasks status`, the core's part: dead letters of every kind, and the console every
-CLI table is printed on. The wings render their own state (`tasks.ranges.status`,
-`tasks.restock.status`); `tasks.cli.core` puts the three together."""
+"""The dead letters' view, plain data: a count per kind and the newest few (`status`), one
+letter's facts and its shown payload (`deadletters show`, the console), and what the CLI and
+the console both say about a letter (the replay hints, the show limit, the replay's send
+retry). The CLI draws it (`tasks.cli.render`); the console serialises it."""
 
 from __future__ import annotations
 
-import sys
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.deadletters.store import DeadLetters, Summary
+from tasks.deadletters.store import DeadLetters, Letter, Summary, redact_payload, replay_refusal
 
-__all__ = ["render_letters", "quote_text", "RECENT_LETTERS", "LettersView", "letters_view",
-           "letters_renderable", "letters_json", "console_for", "PIPED_WIDTH"]
+__all__ = ["RECENT_LETTERS", "LettersView", "letters_view", "letters_json", "summary_dict",
+           "letter_facts", "shown_payload", "SHOW_LIMIT", "SEND_RETRY",
+           "with_hint"]
 
 # Dead letters `status` lists (newest first, without payloads); the rest are only counted.
 RECENT_LETTERS = 10
 
-# Width of a console whose output is piped: wide enough that no table row is wrapped or cut,
-# so each row is one line a script can read (`--json` is the format meant for programs).
-PIPED_WIDTH = 10_000
+# Characters of a payload `deadletters show` and the console print; the rest is counted, not
+# shown.
+SHOW_LIMIT = 4000
 
+# How a replay's publish retries when the broker is away (then the replay is refused).
+SEND_RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.5,
+              "interval_max": 1.0}
 
-def console_for() -> Console:
-    """The console CLI output goes to: in a terminal, the terminal's width (tables fold their
-    cells to fit it, nothing is cut with "..."); piped, PIPED_WIDTH columns and no colour."""
-    if sys.stdout.isatty():
-        return Console()
-    return Console(width=PIPED_WIDTH, no_color=True, highlight=False)
 
 
 @dataclass(frozen=True)
@@ -53,33 +49,48 @@ def letters_view(sessions: sessionmaker[Session], recent: int = RECENT_LETTERS) 
     return LettersView(counts, letters.recent(recent) if counts else [])
 
 
-def letters_renderable(view: LettersView) -> RenderableType:
-    if not view.counts:
-        return Text("no dead letters")
-    head = Text(f"dead letters: {view.total:,} ("
-                + ", ".join(f"{kind}: {n:,}" for kind, n in sorted(view.counts.items())) + ")")
-    table = Table(title=f"newest {len(view.recent)} dead letters")
-    for column in ("id", "kind", "ref", "created (UTC)", "replayed as", "reason"):
-        table.add_column(column, overflow="fold")
-    for letter in view.recent:
-        table.add_row(str(letter.id), letter.kind, quote_text(letter.ref),
-                      f"{letter.created_at:%Y-%m-%d %H:%M:%S}", letter.replay_task_id or "-",
-                      quote_text(letter.reason, 120))
-    return Group(head, table)
-
-
 def letters_json(view: LettersView) -> dict[str, Any]:
+    """The `dead_letters` of `status --json`."""
     return {"total": view.total, "counts": dict(sorted(view.counts.items())),
             "recent": [{"id": s.id, "kind": s.kind, "ref": s.ref, "reason": s.reason,
                         "created_at": s.created_at.isoformat(),
                         "replay_task_id": s.replay_task_id} for s in view.recent]}
 
 
-def render_letters(sessions: sessionmaker[Session], console: Console | None = None) -> None:
-    """Dead letters: a count per kind (SQL), and the newest few without their payloads."""
-    (console or console_for()).print(letters_renderable(letters_view(sessions)))
+def summary_dict(letter: Summary | Letter, timespec: str = "auto") -> dict[str, Any]:
+    """A letter without its payload as JSON-able values (`deadletters list --json`, the
+    console's list; the console shows times to the second)."""
+    return {"id": letter.id, "kind": letter.kind, "ref": letter.ref, "reason": letter.reason,
+            "created_at": letter.created_at.isoformat(timespec=timespec),
+            "replayed_at": letter.replayed_at.isoformat(timespec=timespec)
+            if letter.replayed_at else None, "replay_task_id": letter.replay_task_id}
 
 
-def quote_text(text: str, limit: int = 48) -> str:
-    """`text` cut to `limit` characters (a ref or reason may quote a long bad value)."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+def letter_facts(letter: Letter, timespec: str = "auto") -> dict[str, Any]:
+    """`summary_dict` and whether the letter can be replayed now, in the order `deadletters
+    show` prints them."""
+    summary = summary_dict(letter, timespec)
+    replayable = replay_refusal(letter.payload) is None and letter.replayed_at is None
+    first = ("id", "kind", "ref", "reason", "created_at")
+    return {**{k: summary[k] for k in first}, "replayable": replayable,
+            **{k: v for k, v in summary.items() if k not in first}}
+
+
+def shown_payload(letter: Letter) -> tuple[Any, str, bool]:
+    """The payload with its credentials hidden, that as indented JSON text cut at SHOW_LIMIT
+    characters (the rest counted), and whether it was cut."""
+    shown = redact_payload(letter.payload)
+    text = json.dumps(shown, indent=2, sort_keys=True, default=str)
+    if len(text) <= SHOW_LIMIT:
+        return shown, text, False
+    return shown, f"{text[:SHOW_LIMIT]}\n... ({len(text):,} characters, cut)", True
+
+
+def with_hint(exc: Exception) -> str:
+    """A store refusal's message, with what to do instead when its letter's kind has a hint
+    (the CLI's stderr line and the console's refusal say the same). The kinds are the ones
+    registered (`tasks.deadletters.kinds`): the app registers every wing's."""
+    from tasks.deadletters.kinds import hint as kind_hint
+
+    hint = kind_hint(getattr(exc, "kind", ""))
+    return f"{exc}" + (f" ({hint})" if hint else "")

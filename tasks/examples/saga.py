@@ -20,7 +20,8 @@ from typing import Any
 from redis.commands.core import Script
 
 from tasks.celery import app, settings
-from tasks.rollback import compensation, step
+from tasks.rollback.api import step
+from tasks.rollback.registry import compensation
 from tasks.rollback.settings import rollback_settings
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments, quote, text_arg

@@ -1,4 +1,5 @@
-"""`python -m tasks status`, range jobs: a summary line per job and every partition.
+"""The range jobs' status view, plain data: a summary per job and every partition. The CLI draws
+it (`tasks.cli.render`), `python -m tasks status --json` and the console serialise it.
 
 A job's progress is read from its partitions (one query, no scan of the job's table):
 
@@ -21,29 +22,20 @@ from datetime import datetime
 from importlib import import_module
 from typing import Any
 
-from rich import box
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.tables import WORK, PartitionStatus
 from tasks.ranges.workrow import every_partition
-from tasks.store.db import utcnow
 
-__all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "jobs_table",
-           "partitions_table", "ranges_json", "format_eta"]
-
-# Consoles narrower than this get the compact partition tables (the wide one needs ~130).
-COMPACT_BELOW = 130
-
-NO_PARTITIONS = ("no range job has partitions yet "
-                 "(start one: celery -A tasks call tasks.ranges.start --args '[\"cm_data\"]')")
+__all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "ranges_json",
+           "format_eta"]
 
 
 @dataclass(frozen=True)
 class PartitionView:
+    """One partition of a range job, as its work row says."""
+
     job: str
     part: int
     lo: int
@@ -73,6 +65,21 @@ class PartitionView:
             return size
         return min(max(self.checkpoint - self.lo, 0), size)
 
+    @property
+    def share(self) -> float:
+        """The part of lo..hi walked, 0.0 to 1.0 (a partition planning no id is whole)."""
+        return self.ids_walked / (self.hi - self.lo + 1) if self.hi >= self.lo else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The view as JSON-able values (`status --json`): its fields, times in ISO 8601, and
+        `takeovers`."""
+        out = asdict(self)
+        for name in ("heartbeat_at", "throttled_until"):
+            value = getattr(self, name)
+            out[name] = value.isoformat() if value else None
+        out["takeovers"] = self.takeovers
+        return out
+
 
 @dataclass(frozen=True)
 class JobSummary:
@@ -89,8 +96,31 @@ class JobSummary:
     run: int | None = None  # the current run's id, when the job has a run history
     throttle_rows_per_s: float | None = None  # the run's rows/s cap (None: not throttled)
 
+    @classmethod
+    def never_started(cls, job: str) -> JobSummary:
+        """A registered job with no partition yet."""
+        return cls(job, "never started", 0, 0, 0, 0.0, None, {})
+
+    @property
+    def share(self) -> float:
+        """The part of the planned ids walked, 0.0 to 1.0: nothing before a job has
+        partitions, whole when its partitions plan no id."""
+        if self.ids_planned:
+            return self.ids_walked / self.ids_planned
+        return 1.0 if self.partitions else 0.0
+
+    @property
+    def eta(self) -> str:
+        """`eta_s` as text (`1h02m`, `3m05s`, `-` when there is no estimate)."""
+        return format_eta(self.eta_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The summary as JSON-able values (`status --json`): its fields."""
+        return asdict(self)
+
 
 def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[PartitionView]:
+    """Every range partition (of `job`, when given), ordered by job and part: one query."""
     query = select(WORK).where(every_partition()).order_by(WORK.c.job, WORK.c.part)
     if job is not None:
         query = query.where(WORK.c.job == job)
@@ -152,6 +182,7 @@ def _run_reader(sessions: sessionmaker[Session] | None) -> Callable[[str], Any] 
 
 
 def format_eta(seconds: float | None) -> str:
+    """An estimate in seconds as the operator reads it: `1h02m`, `3m05s`, `45s`, or `-`."""
     if seconds is None:
         return "-"
     whole = int(round(seconds))
@@ -161,78 +192,8 @@ def format_eta(seconds: float | None) -> str:
         else f"{secs}s"
 
 
-def jobs_table(summaries: Sequence[JobSummary]) -> Table:
-    table = Table(title="range jobs")
-    for column in ("job", "run", "rows done", "ids walked", "rows/s", "ETA", "partitions"):
-        table.add_column(column, overflow="fold", justify="left" if column in (
-            "job", "run", "partitions") else "right")
-    for s in summaries:
-        share = s.ids_walked / s.ids_planned if s.ids_planned else 1.0
-        cap = f" (cap {s.throttle_rows_per_s:,.0f})" if s.throttle_rows_per_s else ""
-        table.add_row(s.job, s.state if s.run is None else f"{s.state} (run {s.run})",
-                      f"{s.rows_done:,}", f"{s.ids_walked:,} of {s.ids_planned:,} ({share:.1%})",
-                      f"{s.rows_per_s:,.0f}{cap}", format_eta(s.eta_s),
-                      ", ".join(f"{n} {state}" for state, n in s.partitions.items()))
-    return table
-
-
-def partitions_table(views: Sequence[PartitionView], width: int = 10_000,
-                     job: str | None = None) -> RenderableType:
-    """Every partition (of `job`, when given); on a console narrower than COMPACT_BELOW, one
-    table per job with two-line cells (ids over checkpoint, rows over rate, fence over
-    takeovers)."""
-    if not views:
-        return Text(NO_PARTITIONS if job is None else
-                    f"range job {job!r} has no partitions (never started, or no such job)")
-    if width < COMPACT_BELOW:
-        return Group(*(_compact_table(job, [v for v in views if v.job == job])
-                       for job in dict.fromkeys(v.job for v in views)))
-    table = Table(title="range partitions")
-    for column in ("job", "part", "ids", "state", "owner", "checkpoint", "rows done", "rows/s",
-                   "fence", "takeovers"):
-        table.add_column(column, overflow="fold", justify="right" if column not in (
-            "job", "state", "owner") else "left")
-    for v in views:
-        table.add_row(v.job, str(v.part), f"{v.lo}..{v.hi}", _state(v), v.owner or "-",
-                      str(v.checkpoint), str(v.rows_done), f"{v.rows_per_s:,.0f}", str(v.fence),
-                      str(v.takeovers))
-    return table
-
-
-def _compact_table(job: str, views: Sequence[PartitionView]) -> Table:
-    table = Table(title=f"partitions of {job}", box=box.SIMPLE_HEAD)
-    for column in ("part", "ids\ncheckpoint", "state", "owner", "rows done\nrows/s",
-                   "fence\ntakeovers"):
-        text = column in ("state", "owner")
-        # Numbers keep their lines whole; the state (an error) and the owner fold.
-        table.add_column(column, overflow="fold", no_wrap=not text,
-                         justify="left" if text else "right")
-    for v in views:
-        table.add_row(str(v.part), f"{v.lo}..{v.hi}\n{v.checkpoint}", _state(v), v.owner or "-",
-                      f"{v.rows_done:,}\n{v.rows_per_s:,.0f}/s", f"{v.fence}\n{v.takeovers}")
-    return table
-
-
-def _state(v: PartitionView) -> str:
-    if v.status == PartitionStatus.FAILED:
-        return f"failed: {v.error}"
-    if v.status == PartitionStatus.RUNNING and v.throttled_until is not None:
-        wait = (v.throttled_until - utcnow()).total_seconds()
-        if wait > 0:
-            return f"running, throttled {wait:,.1f}s"
-    return v.status
-
-
 def ranges_json(views: Sequence[PartitionView], summaries: Sequence[JobSummary]
                 ) -> dict[str, Any]:
-    def partition(v: PartitionView) -> dict[str, Any]:
-        out = asdict(v)
-        for name in ("heartbeat_at", "throttled_until"):
-            value = getattr(v, name)
-            out[name] = value.isoformat() if value else None
-        out["takeovers"] = v.takeovers
-        return out
-
-    return {"jobs": [asdict(s) for s in summaries],
-            "partitions": [partition(v) for v in views]}
-
+    """The `jobs` and `partitions` of `status --json`."""
+    return {"jobs": [s.as_dict() for s in summaries],
+            "partitions": [v.as_dict() for v in views]}

@@ -1,4 +1,6 @@
-"""`python -m tasks status`, restock: every shard's term, window, queues and dead letters."""
+"""The restock status view, plain data: every shard's term, window, queues and dead letters. The
+CLI draws it (`tasks.cli.render`), `python -m tasks status --json` and the console serialise it
+(`shards_json`)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
-from rich.table import Table
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,7 +23,7 @@ from tasks.restock.keys import (
     term_key,
 )
 
-__all__ = ["ShardView", "shard_views", "shards_table", "shards_json"]
+__all__ = ["ShardView", "shard_views", "shards_json"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,14 @@ class ShardView:
     backlog: dict[str, int]  # queue -> redo-log entries not yet synced
     dead_letters: int
     error: str | None = None
+
+    def window(self, now_ms: int) -> str:
+        """The maintenance window as text: now, never rebuilt, or the seconds to the next."""
+        if self.maintaining:
+            return "in maintenance now"
+        if self.next_maintain_ms is None:
+            return "never rebuilt: due now"
+        return f"next in {max(self.next_maintain_ms - now_ms, 0) / 1000:,.0f}s"
 
 
 def shard_views(sessions: sessionmaker[Session], shards: Sequence[Any], queues: Sequence[str],
@@ -100,38 +109,9 @@ def _unsynced(client: Any, stream: str, cursor: bytes | None, length: int) -> in
     return len(after)
 
 
-def shards_table(views: Sequence[ShardView], now_ms: int) -> Table:
-    table = Table(title="restock shards")
-    for column in ("shard", "term", "maintenance", "queue", "queued", "due", "unsynced log",
-                   "dead letters"):
-        table.add_column(column, overflow="fold", justify="left" if column in (
-            "maintenance", "queue") else "right")
-    for v in views:
-        if v.error is not None:
-            table.add_row(str(v.shard), "-", f"unreachable: {v.error}", "-", "-", "-", "-",
-                          str(v.dead_letters))
-            continue
-        window = _window(v, now_ms)
-        for i, queue in enumerate(v.queued):
-            first = i == 0
-            table.add_row(str(v.shard) if first else "", str(v.term) if first else "",
-                          window if first else "", queue, str(v.queued[queue]),
-                          str(v.due[queue]), str(v.backlog[queue]),
-                          str(v.dead_letters) if first else "")
-    return table
-
-
-def _window(v: ShardView, now_ms: int) -> str:
-    if v.maintaining:
-        return "in maintenance now"
-    if v.next_maintain_ms is None:
-        return "never rebuilt: due now"
-    return f"next in {max(v.next_maintain_ms - now_ms, 0) / 1000:,.0f}s"
-
-
 def shards_json(views: Sequence[ShardView], now_ms: int) -> list[dict[str, Any]]:
     """Every shard as a JSON object (`window` is the maintenance column's text); the shard's
     number goes out under its wire name, ``node``."""
     return [{**{("node" if k == "shard" else k): x for k, x in asdict(v).items()},
-             "window": _window(v, now_ms) if v.error is None else None} for v in views]
+             "window": v.window(now_ms) if v.error is None else None} for v in views]
 

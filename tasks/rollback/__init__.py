@@ -1,7 +1,8 @@
 """Rollback checkpoints: a task journals how to undo each step; failure runs the undos in reverse.
 
-Inside a task built on `tasks.worker.base.PlatformTask` (a sketch of a user's
-task; the example order saga, `tasks.examples.order_saga`, is a complete one)::
+Inside a task built on `tasks.worker.base.PlatformTask` (a sketch of a user's task, with `step`
+from `tasks.rollback.api` and `compensation` from `tasks.rollback.registry`; the example order
+saga, `tasks.examples.order_saga`, is a complete one)::
 
     @compensation("cancel_shipment")
     def cancel_shipment(data: dict[str, Any]) -> None: ...   # idempotent, see below
@@ -67,87 +68,10 @@ The modules, one concept each: `errors`, `signals`, `tables` (the journal's tabl
 `Base.metadata`), `registry` (the compensations), `runner` (rolling a journal back),
 `journals` (the `Journal` of this process's executions and their ownership), `sweeper`,
 `api` (the public functions and the process's journal), `tasks` (the Celery tasks, signal
-handlers and PlatformTask hooks; importing it installs them), `settings` (the wing's section),
-`wing` (what the wing brings to the platform), `public` (the names below).
+handlers and PlatformTask hooks; importing that module installs them, and a worker imports it
+through the wing's declaration), `settings` (the wing's section), `wing` (what the wing brings
+to the platform: tasks/rollback/wing.py).
 
-This face does no work when imported (the app imports `tasks.rollback.wing` while it is being
-built): the first name read from it (`from tasks.rollback import step`) imports `public`,
-which imports the wing whole, its tasks and hooks included, as importing the package did.
+This face does no work: import the module you need (`from tasks.rollback.api import step`,
+`from tasks.rollback.registry import compensation`).
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from tasks.rollback.api import (
-        checkpoint,
-        journal,
-        rollback,
-        rollback_now,
-        set_journal,
-        settle,
-        step,
-    )
-    from tasks.rollback.errors import (
-        JournalBusy,
-        JournalLost,
-        NotInTask,
-        RollbackError,
-        UnknownCompensation,
-    )
-    from tasks.rollback.journals import Journal, rollback_on_retry
-    from tasks.rollback.registry import compensation, compensations
-    from tasks.rollback.runner import COMPENSATION_POLICY, RollbackReport, StepOutcome
-    from tasks.rollback.signals import (
-        checkpoint_recorded,
-        rollback_finished,
-        rollback_started,
-        rollback_step_failed,
-        rollback_step_succeeded,
-    )
-    from tasks.rollback.sweeper import sweep
-    from tasks.rollback.tables import JOURNAL, OWNERS, JournalState, OwnerState
-    from tasks.rollback.tasks import rollback_task, sweep_task
-
-__all__ = [
-    "COMPENSATION_POLICY",
-    "JOURNAL",
-    "OWNERS",
-    "Journal",
-    "JournalBusy",
-    "JournalLost",
-    "JournalState",
-    "NotInTask",
-    "OwnerState",
-    "RollbackError",
-    "RollbackReport",
-    "StepOutcome",
-    "UnknownCompensation",
-    "checkpoint",
-    "checkpoint_recorded",
-    "compensation",
-    "compensations",
-    "journal",
-    "rollback",
-    "rollback_finished",
-    "rollback_now",
-    "rollback_on_retry",
-    "rollback_started",
-    "rollback_step_failed",
-    "rollback_step_succeeded",
-    "rollback_task",
-    "set_journal",
-    "settle",
-    "step",
-    "sweep",
-    "sweep_task",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from tasks.rollback import public
-
-    return getattr(public, name)

@@ -12,8 +12,9 @@
     a worker becomes ready           -> a `tasks.rollback.sweep` task (beat sends one every
                                         few seconds too)
 
-Importing this module installs the hooks and connects the handlers; `tasks.rollback.public`
-imports it, and Celery imports it (the wing's task module, tasks/rollback/wing.py).
+Importing this module installs the hooks and connects the handlers; Celery imports it (the
+wing's task module: tasks/rollback/wing.py). The tasks keep their names `tasks.rollback.*`
+(`name=` below).
 """
 
 from __future__ import annotations

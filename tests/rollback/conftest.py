@@ -12,8 +12,10 @@ import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
+import tasks.rollback.tasks  # noqa: F401  (installs the rollback hooks, as a worker's import does)
 from lease import Leases
-from tasks.rollback import Journal, set_journal
+from tasks.rollback.api import set_journal
+from tasks.rollback.journals import Journal
 from tasks.worker.retry import RetryPolicy
 from tests.rollback.platform import Platform
 from tests.support.db import fresh_database

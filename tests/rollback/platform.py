@@ -16,7 +16,7 @@ from celery import Celery
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import sessionmaker
 
-from tasks.rollback import JOURNAL, OWNERS
+from tasks.rollback.tables import JOURNAL, OWNERS
 from tests.support.redis_server import RedisServer
 from tests.support.workers import Proc, platform_env, start_worker
 

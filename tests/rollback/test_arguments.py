@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tasks.examples.saga import MAX_ORDER_ID, place_order
-from tasks.rollback import rollback_task
+from tasks.rollback.tasks import rollback_task
 from tasks.store.validate import InvalidArguments
 from tests.support.sagas import sleepy_saga
 

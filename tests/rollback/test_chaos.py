@@ -22,7 +22,7 @@ from celery import group
 from sqlalchemy import func, select
 
 from tasks.deadletters.store import DeadLetters
-from tasks.rollback import JOURNAL, OWNERS
+from tasks.rollback.tables import JOURNAL, OWNERS
 from tests.rollback.platform import Platform, outcome, pool_children, undone_once
 from tests.support.sagas import undo_calls_key
 from tests.support.workers import wait_until

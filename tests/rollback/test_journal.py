@@ -18,22 +18,19 @@ from sqlalchemy import select
 from lease.keys import lease_key
 from tasks.celery import app
 from tasks.deadletters.store import DeadLetters
-from tasks.rollback import (
-    JOURNAL,
-    Journal,
-    JournalState,
-    NotInTask,
-    UnknownCompensation,
-    checkpoint,
+from tasks.rollback.api import checkpoint, set_journal
+from tasks.rollback.errors import NotInTask, UnknownCompensation
+from tasks.rollback.journals import Journal
+from tasks.rollback.keys import journal_lease_name
+from tasks.rollback.registry import compensation
+from tasks.rollback.signals import (
     checkpoint_recorded,
-    compensation,
     rollback_finished,
     rollback_started,
     rollback_step_failed,
     rollback_step_succeeded,
-    set_journal,
 )
-from tasks.rollback.keys import journal_lease_name
+from tasks.rollback.tables import JOURNAL, JournalState
 from tasks.worker.base import PlatformTask
 
 pytestmark = pytest.mark.timeout(60)

@@ -31,18 +31,15 @@ from sqlalchemy.orm import sessionmaker
 from lease import Leases
 from lease.keys import lease_key
 from tasks.deadletters.store import DeadLetters
-from tasks.rollback import (
-    JOURNAL,
-    OWNERS,
-    Journal,
-    JournalLost,
-    RollbackReport,
-    compensation,
-    rollback,
-    rollback_started,
-)
+from tasks.rollback.api import rollback
+from tasks.rollback.errors import JournalLost
+from tasks.rollback.journals import Journal
 from tasks.rollback.keys import journal_lease_name
+from tasks.rollback.registry import compensation
+from tasks.rollback.runner import RollbackReport
+from tasks.rollback.signals import rollback_started
 from tasks.rollback.sweeper import Candidate, Sweeper
+from tasks.rollback.tables import JOURNAL, OWNERS
 from tests.rollback.conftest import FAST, process_journal
 from tests.rollback.platform import Platform, pool_children
 from tests.support.sagas import undo_calls_key

@@ -22,16 +22,13 @@ from sqlalchemy import Engine, update
 
 from lease.keys import lease_key
 from tasks.deadletters.store import DeadLetters
-from tasks.rollback import (
-    JOURNAL,
-    Journal,
-    RollbackReport,
-    compensation,
-    rollback,
-)
+from tasks.rollback.api import rollback
+from tasks.rollback.journals import Journal
 from tasks.rollback.keys import journal_lease_name
-from tasks.rollback.runner import STUCK_AFTER
+from tasks.rollback.registry import compensation
+from tasks.rollback.runner import STUCK_AFTER, RollbackReport
 from tasks.rollback.sweeper import Sweeper, TakeBack
+from tasks.rollback.tables import JOURNAL
 from tasks.store.db import utcnow
 from tests.rollback.conftest import FAST, process_journal
 from tests.rollback.test_takeover import owner_state, rows

@@ -21,20 +21,13 @@ from sqlalchemy.orm import sessionmaker
 from lease import Leases
 from lease.keys import fence_key, lease_key
 from tasks.celery import app
-from tasks.rollback import (
-    JOURNAL,
-    OWNERS,
-    Journal,
-    JournalLost,
-    NotInTask,
-    checkpoint,
-    compensation,
-    set_journal,
-    step,
-    sweep,
-)
+from tasks.rollback.api import checkpoint, set_journal, step
+from tasks.rollback.errors import JournalLost, NotInTask
+from tasks.rollback.journals import Journal
 from tasks.rollback.keys import journal_lease_name
-from tasks.rollback.sweeper import Sweeper
+from tasks.rollback.registry import compensation
+from tasks.rollback.sweeper import Sweeper, sweep
+from tasks.rollback.tables import JOURNAL, OWNERS
 from tasks.worker.base import PlatformTask
 from tests.rollback.conftest import FAST
 

@@ -25,7 +25,8 @@ from tasks.examples.saga import (
     release_stock,
     run_steps,
 )
-from tasks.rollback import compensation, step
+from tasks.rollback.api import step
+from tasks.rollback.registry import compensation
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments, text_arg
 from tasks.worker.base import PlatformTask

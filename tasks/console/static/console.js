@@ -75,7 +75,8 @@
     return el("tr", { dataset: { job: j.job, share: j.share } },
       td(link), td(badge(j.run ? `${j.state}` : j.state)), td(bar(j.share, label), "progress"),
       num(j.rows_done), num(j.rows_per_s), td(j.eta, "num"),
-      td(j.throttle ? `${j.throttle} rows/s` : "-", "num wide"), td(parts || "-", "wide"));
+      td(j.throttle_rows_per_s ? `${j.throttle_rows_per_s} rows/s` : "-", "num wide"),
+      td(parts || "-", "wide"));
   }
 
   async function jobs() {
@@ -89,7 +90,7 @@
     if (!j) return [el("p", {}, "unknown job")];
     return [
       el("p", {}, badge(j.state), j.run ? ` run ${j.run}` : "",
-        j.throttle ? ` · throttle ${j.throttle} rows/s` : ""),
+        j.throttle_rows_per_s ? ` · throttle ${j.throttle_rows_per_s} rows/s` : ""),
       el("div", { className: "big", dataset: { share: j.share } },
         bar(j.share, `ids walked ${j.ids_walked} of ${j.ids_planned}`)),
       el("p", { className: "facts" },
@@ -99,8 +100,8 @@
   }
 
   function partRow(p) {
-    const state = p.error ? `${p.state}: ${p.error}` : p.state;
-    return el("tr", { dataset: { part: p.part, state: p.state } },
+    const state = p.error ? `${p.status}: ${p.error}` : p.status;
+    return el("tr", { dataset: { part: p.part, state: p.status } },
       td(p.part, "num"), td(badge(state)), td(bar(p.share, `${p.lo}..${p.hi}`), "progress"),
       td(p.owner || "-", "owner"), num(p.checkpoint), num(p.rows_done), num(p.rows_per_s),
       td(p.fence, "num wide"), td(p.takeovers, "num wide"));

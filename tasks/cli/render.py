@@ -1,0 +1,206 @@
+"""The CLI's tables, in one place: the wings' plain status views (`tasks.ranges.status`,
+`tasks.restock.status`, `tasks.deadletters.view`) drawn with rich, the console they are printed
+on, and `status --watch`'s redraw. No other module builds a rich table; the console serialises
+the same views as JSON instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tasks.ranges.status import format_eta
+from tasks.ranges.tables import PartitionStatus
+from tasks.store.db import utcnow
+
+if TYPE_CHECKING:
+    from tasks.deadletters.store import Summary
+    from tasks.deadletters.view import LettersView
+    from tasks.ranges.status import JobSummary, PartitionView
+    from tasks.restock.status import ShardView
+
+__all__ = ["console_for", "PIPED_WIDTH", "COMPACT_BELOW", "quote_text", "jobs_table",
+           "partitions_table", "shards_table", "letters_renderable", "letters_table",
+           "status_renderable", "watch"]
+
+# Width of a console whose output is piped: wide enough that no table row is wrapped or cut,
+# so each row is one line a script can read (`--json` is the format meant for programs).
+PIPED_WIDTH = 10_000
+
+# Consoles narrower than this get the compact partition tables (the wide one needs ~130).
+COMPACT_BELOW = 130
+
+NO_PARTITIONS = ("no range job has partitions yet "
+                 "(start one: celery -A tasks call tasks.ranges.start --args '[\"cm_data\"]')")
+
+
+def console_for() -> Console:
+    """The console CLI output goes to: in a terminal, the terminal's width (tables fold their
+    cells to fit it, nothing is cut with "..."); piped, PIPED_WIDTH columns and no colour."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=PIPED_WIDTH, no_color=True, highlight=False)
+
+
+def quote_text(text: str, limit: int = 48) -> str:
+    """`text` cut to `limit` characters (a ref or reason may quote a long bad value)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+# -- range jobs ------------------------------------------------------------------------------
+
+def jobs_table(summaries: Sequence[JobSummary]) -> Table:
+    """A row per range job: its run, rows done, ids walked, rows/s (and cap), ETA."""
+    table = Table(title="range jobs")
+    for column in ("job", "run", "rows done", "ids walked", "rows/s", "ETA", "partitions"):
+        table.add_column(column, overflow="fold", justify="left" if column in (
+            "job", "run", "partitions") else "right")
+    for s in summaries:
+        cap = f" (cap {s.throttle_rows_per_s:,.0f})" if s.throttle_rows_per_s else ""
+        table.add_row(s.job, s.state if s.run is None else f"{s.state} (run {s.run})",
+                      f"{s.rows_done:,}",
+                      f"{s.ids_walked:,} of {s.ids_planned:,} ({s.share:.1%})",
+                      f"{s.rows_per_s:,.0f}{cap}", format_eta(s.eta_s),
+                      ", ".join(f"{n} {state}" for state, n in s.partitions.items()))
+    return table
+
+
+def partitions_table(views: Sequence[PartitionView], width: int = 10_000,
+                     job: str | None = None) -> RenderableType:
+    """Every partition (of `job`, when given); on a console narrower than COMPACT_BELOW, one
+    table per job with two-line cells (ids over checkpoint, rows over rate, fence over
+    takeovers)."""
+    if not views:
+        return Text(NO_PARTITIONS if job is None else
+                    f"range job {job!r} has no partitions (never started, or no such job)")
+    if width < COMPACT_BELOW:
+        return Group(*(_compact_table(job, [v for v in views if v.job == job])
+                       for job in dict.fromkeys(v.job for v in views)))
+    table = Table(title="range partitions")
+    for column in ("job", "part", "ids", "state", "owner", "checkpoint", "rows done", "rows/s",
+                   "fence", "takeovers"):
+        table.add_column(column, overflow="fold", justify="right" if column not in (
+            "job", "state", "owner") else "left")
+    for v in views:
+        table.add_row(v.job, str(v.part), f"{v.lo}..{v.hi}", _state(v), v.owner or "-",
+                      str(v.checkpoint), str(v.rows_done), f"{v.rows_per_s:,.0f}", str(v.fence),
+                      str(v.takeovers))
+    return table
+
+
+def _compact_table(job: str, views: Sequence[PartitionView]) -> Table:
+    table = Table(title=f"partitions of {job}", box=box.SIMPLE_HEAD)
+    for column in ("part", "ids\ncheckpoint", "state", "owner", "rows done\nrows/s",
+                   "fence\ntakeovers"):
+        text = column in ("state", "owner")
+        # Numbers keep their lines whole; the state (an error) and the owner fold.
+        table.add_column(column, overflow="fold", no_wrap=not text,
+                         justify="left" if text else "right")
+    for v in views:
+        table.add_row(str(v.part), f"{v.lo}..{v.hi}\n{v.checkpoint}", _state(v), v.owner or "-",
+                      f"{v.rows_done:,}\n{v.rows_per_s:,.0f}/s", f"{v.fence}\n{v.takeovers}")
+    return table
+
+
+def _state(v: PartitionView) -> str:
+    if v.status == PartitionStatus.FAILED:
+        return f"failed: {v.error}"
+    if v.status == PartitionStatus.RUNNING and v.throttled_until is not None:
+        wait = (v.throttled_until - utcnow()).total_seconds()
+        if wait > 0:
+            return f"running, throttled {wait:,.1f}s"
+    return v.status
+
+
+# -- restock ---------------------------------------------------------------------------------
+
+def shards_table(views: Sequence[ShardView], now_ms: int) -> Table:
+    """A row per shard and queue: term, maintenance window, queued, due, unsynced log."""
+    table = Table(title="restock shards")
+    for column in ("shard", "term", "maintenance", "queue", "queued", "due", "unsynced log",
+                   "dead letters"):
+        table.add_column(column, overflow="fold", justify="left" if column in (
+            "maintenance", "queue") else "right")
+    for v in views:
+        if v.error is not None:
+            table.add_row(str(v.shard), "-", f"unreachable: {v.error}", "-", "-", "-", "-",
+                          str(v.dead_letters))
+            continue
+        window = v.window(now_ms)
+        for i, queue in enumerate(v.queued):
+            first = i == 0
+            table.add_row(str(v.shard) if first else "", str(v.term) if first else "",
+                          window if first else "", queue, str(v.queued[queue]),
+                          str(v.due[queue]), str(v.backlog[queue]),
+                          str(v.dead_letters) if first else "")
+    return table
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+def letters_renderable(view: LettersView) -> RenderableType:
+    """`status`'s dead letters: the count per kind, then the newest few."""
+    if not view.counts:
+        return Text("no dead letters")
+    head = Text(f"dead letters: {view.total:,} ("
+                + ", ".join(f"{kind}: {n:,}" for kind, n in sorted(view.counts.items())) + ")")
+    table = Table(title=f"newest {len(view.recent)} dead letters")
+    for column in ("id", "kind", "ref", "created (UTC)", "replayed as", "reason"):
+        table.add_column(column, overflow="fold")
+    for letter in view.recent:
+        table.add_row(str(letter.id), letter.kind, quote_text(letter.ref),
+                      f"{letter.created_at:%Y-%m-%d %H:%M:%S}", letter.replay_task_id or "-",
+                      quote_text(letter.reason, 120))
+    return Group(head, table)
+
+
+def letters_table(letters: Sequence[Summary]) -> Table:
+    """`deadletters list`: the newest letters, without their payloads."""
+    table = Table(title=f"newest {len(letters)} dead letters")
+    for column in ("id", "kind", "ref", "created (UTC)", "replayed as", "reason"):
+        table.add_column(column, overflow="fold", justify="right" if column == "id" else "left")
+    for s in letters:
+        table.add_row(str(s.id), s.kind, quote_text(s.ref), f"{s.created_at:%Y-%m-%d %H:%M:%S}",
+                      s.replay_task_id or "-", quote_text(s.reason, 200))
+    return table
+
+
+# -- status ----------------------------------------------------------------------------------
+
+def status_renderable(views: Sequence[PartitionView], summaries: Sequence[JobSummary],
+                      nodes: Sequence[ShardView], letters: LettersView, now_ms: int,
+                      width: int, job: str | None = None) -> RenderableType:
+    """`python -m tasks status`: the jobs (when any), the partitions, the restock shards and the
+    dead letters."""
+    parts = [jobs_table(summaries)] if summaries else []
+    return Group(*parts, partitions_table(views, width, job), shards_table(nodes, now_ms),
+                 letters_renderable(letters))
+
+
+def watch(console: Console, snapshot: Callable[[], RenderableType], every: float) -> None:
+    """Redraw `snapshot()` every `every` seconds in place until Ctrl-C; piped, print one
+    snapshot after another (a live display would only show the last)."""
+    from rich.live import Live
+
+    def stamped() -> RenderableType:
+        return Group(Text(f"status at {utcnow():%Y-%m-%d %H:%M:%S} UTC, every {every:g}s "
+                          "(Ctrl-C to stop)"), snapshot())
+
+    try:
+        if not console.is_terminal:
+            while True:
+                console.print(stamped())
+                time.sleep(every)
+        with Live(stamped(), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(every)
+                live.update(stamped(), refresh=True)
+    except KeyboardInterrupt:
+        pass
