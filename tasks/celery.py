@@ -31,7 +31,7 @@ log = logging.getLogger("tasks")
 # only by these strings (Celery imports them when the app is finalized).
 TASK_MODULES = [
     "tasks.worker.health", "tasks.ranges.tasks", "tasks.rollback", "tasks.restock.tasks",
-    "tasks.examples.cm_data", "tasks.examples.saga",
+    "tasks.examples.saga",
 ]
 
 

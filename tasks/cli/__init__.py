@@ -1,6 +1,6 @@
 """`python -m tasks`: the operator CLI, one click group with a module per concern.
 
-    migrate, seed, status        tasks.cli.core
+    migrate, status              tasks.cli.core
     jobs <verb> JOB ...          tasks.cli.jobs         (range-job controls and run history)
     deadletters <verb> ...       tasks.cli.deadletters  (list, show, replay, purge)
 
@@ -16,12 +16,11 @@ import sys
 import click
 
 from tasks.cli.common import cli
-from tasks.cli.core import migrate, seed, status
+from tasks.cli.core import migrate, status
 
 __all__ = ["cli", "main"]
 
 cli.add_command(migrate)
-cli.add_command(seed)
 cli.add_command(status)
 
 

@@ -2,7 +2,6 @@
 
     work_items, schedules      range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control (issue 11)
-    cm_data                    the example job's table
     dead_letters               every wing's dead letters
     skus, orders, order_items, payments, restock_nodes    restock
     rollback_journal, rollback_owners    the rollback journal (defined in tasks.rollback.tables)
@@ -30,8 +29,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from tasks.store.db import utcnow
 
-__all__ = ["Base", "WorkItem", "Schedule", "CmData", "PartitionStatus",
-           "WORK", "SCHEDULES", "CM_DATA", "DeadLetter",
+__all__ = ["Base", "WorkItem", "Schedule", "PartitionStatus",
+           "WORK", "SCHEDULES", "DeadLetter",
            "DEAD_LETTERS", "RunState", "RangeRun", "RangeRunEvent", "RANGE_RUNS",
            "RANGE_RUN_EVENTS", "ItemState", "Sku", "Order", "OrderItem", "Payment", "RestockNode",
            "SKUS", "ORDERS", "ORDER_ITEMS", "PAYMENTS", "RESTOCK_NODES"]
@@ -122,19 +121,6 @@ class Schedule(Base):
     # planned with it, so a holder of the old plan is fenced out even if Redis lost its
     # fence counters (migration 0012).
     fence_floor: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-
-
-class CmData(Base):
-    """The demo table of seed 000: rows with `status = 0` are still to do."""
-
-    __tablename__ = "cm_data"
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
-    status: Mapped[int] = mapped_column(Integer, default=0, index=False)
-    payload: Mapped[str] = mapped_column(String(255), default="")
-    processed_count: Mapped[int] = mapped_column(Integer, default=0)
-    processed_fence: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class RunState:
@@ -292,7 +278,6 @@ class RestockNode(Base):
 # Core tables, for compare-and-set UPDATEs and bulk reads.
 WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
-CM_DATA = cast(Table, CmData.__table__)
 DEAD_LETTERS = cast(Table, DeadLetter.__table__)
 RANGE_RUNS = cast(Table, RangeRun.__table__)
 RANGE_RUN_EVENTS = cast(Table, RangeRunEvent.__table__)

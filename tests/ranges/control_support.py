@@ -11,9 +11,10 @@ from typing import Any
 import redis
 from sqlalchemy import Engine, func, select
 
+from examples.tables import CM_DATA
 from lease.keys import lease_key
 from tasks.ranges.keys import range_lease_name
-from tasks.store.models import RANGE_RUN_EVENTS, RANGE_RUNS, CmData
+from tasks.store.models import RANGE_RUN_EVENTS, RANGE_RUNS
 from tasks.store.models import PartitionStatus as S
 from tests import SAMPLE_MODULES
 from tests.ranges.cluster import Platform
@@ -22,7 +23,7 @@ from tests.support.workers import ROOT
 __all__ = ["control_platform", "jobs_cli", "runs", "events", "holders", "processed", "idle",
            "statuses"]
 
-DATA = CmData.__table__
+DATA = CM_DATA
 
 
 def control_platform(make: Callable[..., Platform], **env: str) -> Platform:

@@ -30,6 +30,7 @@ import redis
 from sqlalchemy import Engine, Row, delete, event, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from examples.tables import CM_DATA
 from lease import Leases
 from lease.keys import lease_key
 from tasks.ranges.controls import ControlRefused, Controls
@@ -37,7 +38,7 @@ from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import Round, activate, reconcile_job
 from tasks.ranges.runner import PartitionRunner
 from tasks.store.db import utcnow
-from tasks.store.models import CM_DATA, RANGE_RUNS, SCHEDULES, WORK, Base
+from tasks.store.models import RANGE_RUNS, SCHEDULES, WORK, Base
 
 __all__ = ["Env", "step", "FakeClock", "Budget", "Crash", "crashing", "Paused", "Work", "Data",
            "reset", "work_rows", "data_rows", "run_state", "expire", "watch_reads",
@@ -271,7 +272,7 @@ class Data:
 def reset(engine: Engine, client: redis.Redis) -> None:
     """Every table empty and the test Redis database flushed: one example's clean start."""
     with engine.begin() as conn:
-        for table in reversed(Base.metadata.sorted_tables):
+        for table in (*reversed(Base.metadata.sorted_tables), CM_DATA):
             conn.execute(delete(table))
     client.flushdb()
 

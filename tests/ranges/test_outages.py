@@ -15,10 +15,11 @@ import redis
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, Uuid, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.cm_data import mark_processed
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from lease import Leases
 from tasks.deadletters.store import DeadLetters
-from tasks.examples.cm_data import mark_processed
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.gate import Gate
 from tasks.ranges.jobs import RangeJob, register
@@ -26,7 +27,7 @@ from tasks.ranges.keys import range_orphans_key, range_outage_key
 from tasks.ranges.reconciler import active_jobs, repair_inactive
 from tasks.ranges.runner import Outcome
 from tasks.ranges.workrow import WorkRow
-from tasks.store.models import CM_DATA, RANGE_RUNS, SCHEDULES, RunState
+from tasks.store.models import RANGE_RUNS, SCHEDULES, RunState
 from tasks.store.models import PartitionStatus as S
 from tasks.store.resources import make_engine
 from tests.ranges.test_closing import round_now, start
