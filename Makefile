@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lease tasks beat devtools bench tests
+	$(VENV)/bin/ruff check lease tasks beat devtools bench examples tests
 	$(VENV)/bin/mypy
 
 # The suite mostly waits on lease TTLs, so it runs side by side: each xdist worker has its own

@@ -35,15 +35,15 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, delete, func, select, update
 
-from bench.range import BENCH_REDIS_DB, ROOT
+from bench.range import BENCH_JOB_MODULES, BENCH_REDIS_DB, ROOT
 from devtools.demo import Fleet, reset_database
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
-from tasks.examples.seed import seed_cm_data
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA, migrate
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.migrate import upgrade
-from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]
@@ -192,6 +192,7 @@ def main(argv: list[str]) -> int:
     try:
         reset_database(engine)
         upgrade(engine)
+        migrate(engine)
         seed_cm_data(engine, args.rows)
         result = _measure(engine, client, redis_url, db_url, args.rows, workdir)
         print(json.dumps(result))
@@ -208,6 +209,7 @@ def _controls(engine: Engine, client: redis.Redis, celery: Celery) -> Any:
     runs a reconcile round here that sends `run_partition` to the bench's workers."""
     from sqlalchemy.orm import sessionmaker
 
+    import bench.cm_data  # noqa: F401  (registers cm_data here, for the kicks' rounds)
     from tasks.ranges.controls import Controls
     from tasks.ranges.jobs import get_job
     from tasks.ranges.reconciler import reconcile_job
@@ -228,7 +230,8 @@ def _measure(engine: Engine, client: redis.Redis, redis_url: str, db_url: str, r
              workdir: Path) -> dict[str, Any]:
     celery = Celery(broker=redis_url, set_as_current=False)
     controls = _controls(engine, client, celery)
-    base = dict(os.environ, PYTHONPATH=str(ROOT), CM_DATA_PARTITION_SIZE=str(max(rows // 2, 1)),
+    base = dict(os.environ, PYTHONPATH=str(ROOT), EXTRA_TASK_MODULES=BENCH_JOB_MODULES,
+                CM_DATA_PARTITION_SIZE=str(max(rows // 2, 1)),
                 CM_DATA_BATCH_SIZE="200", CM_DATA_PARALLELISM="1", LEASE_TTL="10",
                 RECONCILE_INTERVAL="1")
     result: dict[str, Any] = {"db": engine.dialect.name, "rows": rows, "batch_s": BATCH_DELAY}

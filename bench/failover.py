@@ -38,14 +38,15 @@ from typing import Any
 
 from sqlalchemy import Engine, func, make_url, select, text
 
+from bench.range import BENCH_JOB_MODULES
 from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA, migrate
 from tasks.config.settings import Settings, redact
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.migrate import upgrade
-from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 
 __all__ = ["main"]
@@ -195,6 +196,7 @@ def _count(engine: Engine) -> tuple[int, int]:
 def _prepare(engine: Engine, rows: int) -> None:
     reset_database(engine)
     upgrade(engine)
+    migrate(engine)
     seed_cm_data(engine, rows)
 
 
@@ -313,7 +315,8 @@ def main(argv: list[str]) -> int:
     logs = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     broker = args.broker or scratch.url
     env = dict(os.environ, REDIS_URL=scratch.url, BROKER_URL=broker, RESULT_BACKEND=scratch.url,
-               DATABASE_URL=args.db, PYTHONPATH=str(ROOT), LEASE_TTL=str(args.ttl),
+               DATABASE_URL=args.db, PYTHONPATH=str(ROOT), EXTRA_TASK_MODULES=BENCH_JOB_MODULES,
+               LEASE_TTL=str(args.ttl),
                RECONCILE_INTERVAL=str(args.interval), CM_DATA_BATCH_SIZE=str(BATCH),
                CM_DATA_BATCH_DELAY=str(args.batch_s), CM_DATA_PARALLELISM="1",
                CM_DATA_TARGET_BATCH_S="0", RANGE_SLICE="300")

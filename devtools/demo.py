@@ -38,9 +38,9 @@ from rich.progress import (
 from sqlalchemy import Engine, MetaData, Table, func, select, text
 
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
+from examples.tables import CM_DATA
 from tasks.config.settings import redact
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.store.models import CM_DATA
 from tasks.store.resources import make_engine
 
 __all__ = ["main", "verify", "Verification"]
@@ -49,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The demo flushes only a database it verified empty and marked (devtools.embedded.claim_scratch):
 # REDIS_URL, or this logical database of a local Redis, or a private Redis it starts.
 DEMO_REDIS_DB = 14
+# The demo's job is the example, loaded the way the README tells users to load theirs (and
+# alone: another module registering a job named cm_data, such as bench.cm_data, would clash).
+DEMO_MODULES = "examples.cm_data"
 OUR_TABLES = ("cm_data", "work_items", "schedules", "dead_letters", "rollback_journal",
               "rollback_owners", "skus", "orders", "order_items", "payments", "restock_nodes",
               "range_runs", "range_run_events", "alembic_version")
@@ -195,15 +198,18 @@ def main(argv: list[str]) -> int:
     flush_scratch(redis_lib.Redis.from_url(redis_url))
     engine = make_engine(db_url)
     reset_database(engine)
-    from tasks.examples.seed import seed_cm_data
+    from examples.seed import seed_cm_data
+    from examples.tables import migrate
     from tasks.store.migrate import upgrade
 
     upgrade(engine)
+    migrate(engine)
     started = time.monotonic()
     seed_cm_data(engine, args.rows)
     console.print(f"seeded {args.rows:,} rows in {time.monotonic() - started:.1f}s")
     env = dict(os.environ, REDIS_URL=redis_url, DATABASE_URL=db_url, PYTHONPATH=str(ROOT),
                LEASE_TTL=str(args.lease_ttl), RECONCILE_INTERVAL="1",
+               EXTRA_TASK_MODULES=DEMO_MODULES,
                CM_DATA_PARTITION_SIZE=str(args.partition_size),
                CM_DATA_BATCH_SIZE=str(args.batch_size),
                CM_DATA_BATCH_DELAY=str(args.batch_delay))

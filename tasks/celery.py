@@ -36,7 +36,7 @@ log = logging.getLogger("tasks")
 WINGS = composition.WINGS
 # Named, never imported here (Celery imports them when the app is finalized): the core's and
 # the wings' task modules (each wing's declaration), then the examples.
-TASK_MODULES = [*composition.task_modules(WINGS), "tasks.examples.cm_data", "tasks.examples.saga"]
+TASK_MODULES = [*composition.task_modules(WINGS), "tasks.examples.saga"]
 
 
 def configure(settings: Settings, wings: tuple[Wing, ...] = WINGS) -> dict[str, Any]:

@@ -27,6 +27,7 @@ if _XDIST_WORKER.startswith("gw"):
     os.environ["REDIS_URL"] = WORKER_REDIS_URL
 else:
     os.environ.setdefault("REDIS_URL", WORKER_REDIS_URL)
-# Workers started by tests (they inherit this environment) register the sample tasks.
-SAMPLE_MODULES = "devtools.samples,tests.support.sagas,tests.support.jobs"
+# Workers started by tests (they inherit this environment) register the sample tasks and the
+# benchmarks' variant of the example job cm_data (bench/cm_data.py), as a user registers a job.
+SAMPLE_MODULES = "bench.cm_data,devtools.samples,tests.support.sagas,tests.support.jobs"
 os.environ.setdefault("EXTRA_TASK_MODULES", SAMPLE_MODULES)

@@ -54,7 +54,7 @@ def sources(*packages: str) -> dict[str, Path]:
     return found
 
 
-PROJECT = sources(*PRODUCT, "bench", "tests")
+PROJECT = sources(*PRODUCT, "bench", "examples", "tests")
 
 
 def imports_of(name: str, path: Path) -> Iterator[str]:
@@ -158,6 +158,32 @@ def test_tasks_never_imports_beat_devtools_or_bench(forbidden: str) -> None:
     bad = {(name, target) for name, targets in graph("tasks").items() for target in targets
            if within(target, forbidden)}
     assert bad == set()
+
+
+@pytest.mark.parametrize("forbidden", ["examples", "bench"])
+def test_the_product_never_imports_the_example_or_the_benchmarks(forbidden: str) -> None:
+    """The example job is a user's project and the benchmarks measure the product: what
+    workers import (lease, tasks, beat) names neither, so the example reaches workers only the
+    way a user's job does (EXTRA_TASK_MODULES)."""
+    bad = {(name, target) for name, targets in graph("lease", "tasks", "beat").items()
+           for target in targets if within(target, forbidden)}
+    assert bad == set()
+
+
+def test_the_example_uses_the_platform_only_through_its_public_modules() -> None:
+    """What users copy imports the platform as a user's project would (the range-job API
+    and, for its seeder, the settings and the engine), never the benchmarks or the tests."""
+    bad = {(name, target) for name, targets in graph("examples").items() for target in targets
+           if within(target, "bench") or within(target, "tests") or within(target, "devtools")}
+    assert bad == set()
+
+
+def test_the_platform_names_the_example_nowhere_as_a_task_module() -> None:
+    """No worker of the platform registers the example: it is not among Celery's own
+    `include` strings (TASK_MODULES), which no import graph sees."""
+    from tasks.celery import TASK_MODULES
+
+    assert [m for m in TASK_MODULES if "cm_data" in m or within(m, "examples")] == []
 
 
 def test_only_benchmarks_and_tests_import_bench() -> None:

@@ -11,7 +11,7 @@ import redis
 from sqlalchemy import update
 from sqlalchemy.orm import sessionmaker
 
-from tasks.examples.cm_data import cm_data
+from bench.cm_data import cm_data
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.tables import WORK
 from tasks.store.resources import make_engine
@@ -26,18 +26,21 @@ def tasks_cli(
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_migrate_seed_and_status(private_redis: RedisServer, tmp_path: Path) -> None:
+def test_migrate_the_example_seed_and_status(private_redis: RedisServer, tmp_path: Path) -> None:
     env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=f"sqlite:///{tmp_path}/c.db",
                        COLUMNS="200")
     early = tasks_cli(env, "status")
     assert early.returncode == 1 and "run `python -m tasks migrate`" in early.stderr
     assert "up to date" in tasks_cli(env, "migrate").stdout
     assert "up to date" in tasks_cli(env, "migrate").stdout  # idempotent
-    assert "seeded ids 1..300" in tasks_cli(env, "seed", "--rows", "300").stdout
+    # The example's seeder (a user's project: it creates its own table, then appends rows).
+    assert "seeded ids 1..300" in tasks_cli(env, "--rows", "300", module="examples.seed").stdout
+    assert "seeded ids 301..310" in tasks_cli(env, "--rows", "10", module="examples.seed").stdout
     empty = tasks_cli(env, "status")
     assert empty.returncode == 0 and "no range job has partitions yet" in empty.stdout
-    bad = tasks_cli(env, "seed", "--rows", "-5")
-    assert bad.returncode == 2 and "-5 is not in the range x>=0" in bad.stderr
+    bad = tasks_cli(env, "--rows", "-5", module="examples.seed")
+    assert bad.returncode == 2 and "--rows must be at least 0, not -5" in bad.stderr
+    assert tasks_cli(env, "seed", "--rows", "3").returncode == 2  # no longer the platform's
     engine = make_engine(env["DATABASE_URL"])
     sessions = sessionmaker(engine)
     activate(sessions, cm_data)

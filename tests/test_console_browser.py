@@ -59,7 +59,7 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if reason := _chromium_missing():
         pytest.skip(reason)
-    from tasks.examples.seed import seed_cm_data
+    from examples.seed import seed_cm_data
     tmp = tmp_path_factory.mktemp("console-browser")
     client = redis.Redis.from_url(WORKER_REDIS_URL)
     client.flushdb()

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from devtools.embedded import free_port
-from tasks.examples.seed import seed_cm_data
+from examples.seed import seed_cm_data
 from tasks.observe.metrics import metrics_dir_root
 from tasks.ranges.tables import WORK
 from tasks.restock.routing import Router

@@ -245,3 +245,17 @@ def test_the_procfile_worker_comes_back_after_it_dies_and_stops_on_sigterm(
         assert "Warm shutdown" in shell.output()
     finally:
         shell.stop()
+
+
+def test_the_platform_loads_the_example_job_as_a_user_loads_theirs() -> None:
+    """The example job is a user's project (examples/): the Procfile's and compose's platform
+    processes name it in EXTRA_TASK_MODULES unless the operator set that variable (set and
+    empty: none), and the image carries the folder it is imported from."""
+    default = "${EXTRA_TASK_MODULES-examples.cm_data}"
+    for name, line in procfile().items():
+        if name != "flower":
+            assert f"EXTRA_TASK_MODULES={default} " in line, name
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert spec["x-platform"]["environment"]["EXTRA_TASK_MODULES"] == default
+    dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
+    assert "COPY examples examples" in dockerfile

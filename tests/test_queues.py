@@ -15,10 +15,10 @@ import redis
 from celery import Celery
 from sqlalchemy import select
 
+from examples.seed import seed_cm_data
 from lease.keys import lease_key
 from tasks.celery import configure
 from tasks.config.settings import SettingsError
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.keys import range_lease_name
 from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S

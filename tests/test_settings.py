@@ -52,8 +52,6 @@ def test_one_redis_url_points_broker_and_backend_there_unless_overridden() -> No
         ({"ROLLBACK_ON_RETRY": "maybe"}, "ROLLBACK_ON_RETRY"),
         ({"EXTRA_TASK_MODULES": "myjobs,../evil"}, "EXTRA_TASK_MODULES"),
         ({"EXTRA_TASK_MODULES": "myjobs,"}, "EXTRA_TASK_MODULES"),
-        ({"CM_DATA_BATCH_SIZE": "1k"}, "CM_DATA_BATCH_SIZE"),
-        ({"CM_DATA_WORK": "gpu"}, "CM_DATA_WORK"),
     ],
 )
 def test_bad_values_are_rejected_naming_the_variable(env: dict[str, str], names: str) -> None:
@@ -116,7 +114,6 @@ def test_the_one_settings_object_reads_the_rollback_flag_and_task_modules() -> N
                            "CM_DATA_BATCH_DELAY": "0.5", "RESTOCK_QUEUES": "3"})
     assert rollback_settings(found).on_retry is False
     assert found.extra_task_modules == ("a.b", "c")
-    assert found.cm_data_batch_delay == 0.5
     assert restock_settings(found).queue_names == ("q0", "q1", "q2")
     defaults = load_settings({})
     assert rollback_settings(defaults).on_retry is True and defaults.extra_task_modules == ()

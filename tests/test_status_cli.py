@@ -183,7 +183,7 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
     env, engine = migrated
     env = dict(env, CM_DATA_PARTITION_SIZE="1000", CM_DATA_BATCH_SIZE="50",
                CM_DATA_BATCH_DELAY="0.3", CM_DATA_PARALLELISM="1")
-    seeded = subprocess.run([sys.executable, "-m", "tasks", "seed", "--rows", "2000"], env=env,
+    seeded = subprocess.run([sys.executable, "-m", "examples.seed", "--rows", "2000"], env=env,
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert seeded.returncode == 0, seeded.stderr
     name = f"wst{uuid.uuid4().hex[:6]}"

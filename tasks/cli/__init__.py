@@ -1,7 +1,7 @@
 """`python -m tasks` (and the `rangekeeper` script): the operator CLI, one click group with a
 module per concern.
 
-    migrate, seed, status        tasks.cli.core
+    migrate, status              tasks.cli.core
     jobs <verb> JOB ...          tasks.cli.jobs         (range-job controls and run history)
     deadletters <verb> ...       tasks.cli.deadletters  (list, show, replay, purge)
     console                      tasks.cli.console      (serves tasks.console)

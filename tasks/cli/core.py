@@ -1,4 +1,4 @@
-"""`python -m tasks migrate | seed | status`."""
+"""`python -m tasks migrate | status`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from tasks.cli.render import RenderableType
     from tasks.store.resources import Resources
 
-__all__ = ["migrate", "seed", "status"]
+__all__ = ["migrate", "status"]
 
 
 @click.command()
@@ -25,18 +25,6 @@ def migrate() -> None:
     with open_resources(need_file=False) as res:
         upgrade(res.engine, metadata=load_tables())
     click.echo("schema is up to date")
-
-
-@click.command()
-@click.option("--rows", type=click.IntRange(min=0), default=1_000_000, show_default=True,
-              help="rows to append")
-def seed(rows: int) -> None:
-    """Append rows to the demo table cm_data."""
-    from tasks.examples.seed import seed_cm_data
-
-    with open_resources(need_file=False) as res:
-        first, last = seed_cm_data(res.engine, rows)
-    click.echo(f"seeded ids {first}..{last}")
 
 
 @click.command()

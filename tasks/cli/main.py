@@ -9,13 +9,13 @@ import click
 
 from tasks.cli.common import cli
 from tasks.cli.console import console
-from tasks.cli.core import migrate, seed, status
+from tasks.cli.core import migrate, status
 from tasks.cli.deadletters import deadletters
 from tasks.cli.jobs import jobs
 
 __all__ = ["cli", "main", "run"]
 
-for _command in (migrate, seed, status, jobs, deadletters, console):
+for _command in (migrate, status, jobs, deadletters, console):
     cli.add_command(_command)
 
 

@@ -53,16 +53,6 @@ class Settings:
     # Modules every worker imports besides the platform's own (Celery's `include`): your range
     # jobs and tasks, or the samples and test-only tasks (`devtools.samples`).
     extra_task_modules: tuple[str, ...] = ()
-    # The example job cm_data (tasks/examples/cm_data.py): ids per partition (partitions
-    # planned later), rows per batch, threads per batch, `trivial` or `cpu` work per row, and a
-    # sleep per batch so chaos tests can act mid-partition.
-    cm_data_partition_size: int = 2_000_000
-    cm_data_batch_size: int = 1000
-    cm_data_parallelism: int = 2
-    cm_data_work: str = "trivial"
-    cm_data_batch_delay: float = 0.0
-    # Adaptive batches for cm_data: seconds per batch to hold (0: fixed CM_DATA_BATCH_SIZE).
-    cm_data_target_batch_s: float = 0.0
     # Dead letters older than this are deleted by the periodic prune (beat, hourly).
     dead_letter_retention: float = 30 * 86400.0
     # A task message whose body is larger is refused when sent and when received.
@@ -174,12 +164,6 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "reconcile_interval": ("RECONCILE_INTERVAL", envparse.positive(float)),
     "redelivery_cap": ("REDELIVERY_CAP", envparse.positive(int)),
     "extra_task_modules": ("EXTRA_TASK_MODULES", envparse.modules),
-    "cm_data_partition_size": ("CM_DATA_PARTITION_SIZE", envparse.at_least(int, 1)),
-    "cm_data_batch_size": ("CM_DATA_BATCH_SIZE", envparse.at_least(int, 1)),
-    "cm_data_parallelism": ("CM_DATA_PARALLELISM", envparse.at_least(int, 1)),
-    "cm_data_work": ("CM_DATA_WORK", envparse.one_of("trivial", "cpu")),
-    "cm_data_batch_delay": ("CM_DATA_BATCH_DELAY", envparse.at_least(float, 0)),
-    "cm_data_target_batch_s": ("CM_DATA_TARGET_BATCH_S", envparse.at_least(float, 0)),
     "dead_letter_retention": ("DEAD_LETTER_RETENTION", envparse.positive(float)),
     "max_message_bytes": ("MAX_MESSAGE_BYTES", envparse.positive(int)),
     "metrics_port": ("METRICS_PORT", envparse.port),

@@ -1,1 +1,2 @@
-"""What users copy: the example range job `cm_data` and the example order saga."""
+"""The example order saga (`tasks.examples.order_saga`). The example range job `cm_data` is a
+user's project of its own, outside the platform: `examples/` at the top of the repository."""

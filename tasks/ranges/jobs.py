@@ -1,14 +1,14 @@
 """Declaring range jobs: what table to walk, which rows, and what to do with each batch.
 
-    cm_data = RangeJob(
-        name="cm_data",
-        table=CmData.__table__,
-        where=CmData.status == 0,
+    orders = RangeJob(                 # your table, on your own MetaData (examples/cm_data.py)
+        name="archive_orders",
+        table=ORDERS,
+        where=ORDERS.c.archived == 0,
         process=mark_processed,        # (rows, ctx) -> None; writes through ctx.session
         batch_size=1000,
         parallelism=4,                 # ctx.map(fn, rows) runs fn on 4 threads
     )
-    register(cm_data)
+    register(orders)
 
 The process function runs inside the batch's transaction: its writes commit together with the
 partition's checkpoint, guarded by the lease's fence, or not at all. With `fetch_size` it is

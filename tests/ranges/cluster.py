@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from examples.tables import CM_DATA
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.tables import WorkItem
-from tasks.store.models import CmData
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     CELERY,
@@ -25,7 +25,7 @@ from tests.support.workers import (
 
 __all__ = ["Platform", "CELERY_BEAT"]
 
-DATA = CmData.__table__
+DATA = CM_DATA
 WORK = WorkItem.__table__
 
 

@@ -11,11 +11,11 @@ from typing import Any
 import redis
 from sqlalchemy import Engine, func, select
 
+from examples.tables import CM_DATA
 from lease.keys import lease_key
 from tasks.ranges.keys import range_lease_name
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.store.models import CmData
 from tests import SAMPLE_MODULES
 from tests.ranges.cluster import Platform
 from tests.support.workers import ROOT
@@ -23,7 +23,7 @@ from tests.support.workers import ROOT
 __all__ = ["control_platform", "jobs_cli", "runs", "events", "holders", "processed", "idle",
            "statuses"]
 
-DATA = CmData.__table__
+DATA = CM_DATA
 
 
 def control_platform(make: Callable[..., Platform], **env: str) -> Platform:

@@ -30,6 +30,7 @@ import redis
 from sqlalchemy import Engine, Row, delete, event, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from examples.tables import CM_DATA
 from lease import Leases
 from lease.keys import lease_key
 from tasks.ranges.controls import ControlRefused, Controls
@@ -39,7 +40,7 @@ from tasks.ranges.runner import PartitionRunner
 from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, WORK
 from tasks.ranges.workrow import every_partition
 from tasks.store.db import utcnow
-from tasks.store.models import CM_DATA, Base
+from tasks.store.models import Base
 
 __all__ = ["Env", "step", "FakeClock", "Budget", "Crash", "crashing", "Paused", "Work", "Data",
            "reset", "work_rows", "data_rows", "run_state", "expire", "watch_reads",
@@ -273,7 +274,7 @@ class Data:
 def reset(engine: Engine, client: redis.Redis) -> None:
     """Every table empty and the test Redis database flushed: one example's clean start."""
     with engine.begin() as conn:
-        for table in reversed(Base.metadata.sorted_tables):
+        for table in (*reversed(Base.metadata.sorted_tables), CM_DATA):
             conn.execute(delete(table))
     client.flushdb()
 

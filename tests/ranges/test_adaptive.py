@@ -12,9 +12,9 @@ import redis
 from sqlalchemy import Engine, Row
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.cm_data import cm_data, mark_processed
+from examples.seed import seed_cm_data
 from lease import Leases
-from tasks.examples.cm_data import cm_data, mark_processed
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.jobs import Context
 from tasks.ranges.runner import Outcome
 from tasks.ranges.sizing import GROWTH, Sizer

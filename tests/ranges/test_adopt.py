@@ -12,10 +12,10 @@ import redis
 from sqlalchemy import Engine, Row
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.cm_data import mark_processed
+from examples.seed import seed_cm_data
 from lease import Leases
 from lease.keys import lease_key
-from tasks.examples.cm_data import mark_processed
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.gate import Gate
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.keys import range_control_key, range_orphans_key

@@ -14,17 +14,17 @@ from sqlalchemy import Connection, DateTime, Engine, Integer, Row, String, selec
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench import cm_data as cm_data_module
+from bench.cm_data import mark_processed
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from lease import Leases
-from tasks.examples import cm_data as cm_data_module
-from tasks.examples.cm_data import mark_processed
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges import batches
 from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context
 from tasks.ranges.reads import BatchRows, plain
 from tasks.ranges.runner import Outcome
 from tasks.ranges.tables import WORK
-from tasks.store.models import CM_DATA
 from tests.ranges.test_guarantees import add_row, round_now
 from tests.ranges.test_runner import counts, plan, runner, small, work
 

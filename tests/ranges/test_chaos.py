@@ -16,16 +16,16 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, func, select
 
-from tasks.examples.seed import seed_cm_data
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.store.models import CmData
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import control_platform
 from tests.support.workers import celery_call, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
-DATA = CmData.__table__
+DATA = CM_DATA
 
 
 def test_a_job_over_100k_rows_finishes_exactly_once(engine: Engine,
@@ -197,7 +197,7 @@ def test_a_running_partition_reports_progress_as_a_custom_state(
 ) -> None:
     from sqlalchemy.orm import sessionmaker
 
-    from tasks.examples.cm_data import cm_data
+    from bench.cm_data import cm_data
     from tasks.ranges.reconciler import activate, reconcile_job
     from tasks.ranges.tasks import PROGRESS
 

@@ -15,8 +15,9 @@ import redis
 from sqlalchemy import Engine, delete, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from lease import Leases
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.closing import close_run
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import RangeJob
@@ -24,7 +25,6 @@ from tasks.ranges.reconciler import reconcile_job
 from tasks.ranges.runner import Outcome
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.store.models import CM_DATA
 from tests.ranges.test_guarantees import add_row
 from tests.ranges.test_runner import counts, runner, small, work
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 from redis.crc import key_slot
 
+from examples.seed import seed_cm_data
 from lease.keys import lease_key
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.keys import range_lease_name
 from tests.ranges.cluster import Platform
 from tests.support.redis_cluster import redis_cluster

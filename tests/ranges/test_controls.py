@@ -16,8 +16,8 @@ import redis
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-import tasks.examples.cm_data  # noqa: F401  (registers the cm_data job in this process)
-from tasks.examples.seed import seed_cm_data
+import bench.cm_data  # noqa: F401  (registers the cm_data job in this process)
+from examples.seed import seed_cm_data
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.keys import range_control_key
 from tasks.ranges.runs import change_state, current_run

@@ -11,8 +11,8 @@ import pytest
 import redis
 from sqlalchemy import Engine, func, select
 
-import tasks.examples.cm_data  # noqa: F401  (registers the cm_data job in this process)
-from tasks.examples.seed import seed_cm_data
+import bench.cm_data  # noqa: F401  (registers the cm_data job in this process)
+from examples.seed import seed_cm_data
 from tasks.ranges.tables import RunState
 from tests.ranges.cluster import DATA, Platform
 from tests.ranges.control_support import control_platform, idle, jobs_cli, processed, runs

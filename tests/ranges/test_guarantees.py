@@ -18,17 +18,17 @@ import redis
 from sqlalchemy import Engine, Row, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.cm_data import load_config, mark_processed
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from lease import Leases
 from tasks.config.settings import SettingsError
 from tasks.deadletters.store import DeadLetters
-from tasks.examples.cm_data import load_config, mark_processed
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import DEAD_LETTER_KIND, Outcome
 from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.store.models import CM_DATA
 from tests.ranges.test_runner import counts, plan, runner, small, work
 
 

@@ -18,13 +18,13 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, func, insert, select, text, update
 
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from tasks.deadletters.store import DeadLetters
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.runner import DEAD_LETTER_KIND
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import utcnow
-from tasks.store.models import CM_DATA
 from tests import WORKER_REDIS_URL
 from tests.ranges.cluster import Platform
 from tests.support.redis_server import RedisServer

@@ -38,9 +38,9 @@ from hypothesis.stateful import (
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.cm_data import cm_data
 from lease import Leases
 from lease.keeper import Keeper
-from tasks.examples.cm_data import cm_data
 from tasks.ranges.controls import ControlRefused, Controls
 from tasks.ranges.runner import Outcome, PartitionRunner
 from tasks.ranges.tables import PartitionStatus as S

@@ -13,18 +13,18 @@ from sqlalchemy import Engine, Row, func, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.cm_data import cm_data, mark_processed
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from lease import Leases
-from tasks.examples.cm_data import cm_data, mark_processed
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import FencedOut, Outcome, PartitionRunner, UnknownPartition
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.tables import WorkItem
-from tasks.store.models import CmData
 
-DATA = CmData.__table__
+DATA = CM_DATA
 WORK = WorkItem.__table__
 
 

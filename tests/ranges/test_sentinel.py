@@ -16,15 +16,15 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine, func, select
 
-from tasks.examples.seed import seed_cm_data
-from tasks.store.models import CmData
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from tests.ranges.cluster import Platform
 from tests.support.redis_sentinel import MASTER_NAME, sentinel_group
 from tests.support.workers import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
-DATA = CmData.__table__
+DATA = CM_DATA
 ROWS = 10_000
 
 

@@ -14,17 +14,17 @@ import redis
 from sqlalchemy import Engine, Row, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.cm_data import cm_data, mark_processed
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from lease import Leases
 from tasks.deadletters.tables import DEAD_LETTERS
-from tasks.examples.cm_data import cm_data, mark_processed
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import Outcome, PartitionRunner
 from tasks.ranges.skips import SKIP_KIND
 from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.store.models import CM_DATA
 from tests.ranges.inprocess import run_all
 
 

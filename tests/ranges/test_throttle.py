@@ -17,14 +17,14 @@ import redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
+from examples.seed import seed_cm_data
+from examples.tables import CM_DATA
 from lease import Leases
-from tasks.examples.seed import seed_cm_data
 from tasks.ranges.controls import Controls
 from tasks.ranges.gate import BACKOFF_CAP, Gate
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import range_control_key
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.store.models import CM_DATA, CmData
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import (
     control_platform,
@@ -132,7 +132,7 @@ class FakeClock:
 
 
 def _job(**fields: object) -> RangeJob:
-    return RangeJob(name="gate_test", table=CM_DATA, where=CmData.status == 0,
+    return RangeJob(name="gate_test", table=CM_DATA, where=CM_DATA.c.status == 0,
                     process=lambda rows, ctx: None, batch_size=100, **fields)  # type: ignore[arg-type]
 
 

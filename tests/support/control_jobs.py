@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from tasks.examples.cm_data import mark_processed
+from bench.cm_data import mark_processed
+from examples.tables import CM_DATA
 from tasks.ranges.jobs import Context, RangeJob, register
-from tasks.store.models import CM_DATA, CmData
 
 __all__ = ["cm_throttled", "cm_gated", "cm_flaky", "gate_closed", "BOOM"]
 
@@ -31,13 +31,13 @@ def gate_closed(_job: RangeJob) -> str | None:
 
 
 cm_throttled = register(RangeJob(
-    name="cm_throttled", table=CM_DATA, where=CmData.status == 0, process=mark_processed,
+    name="cm_throttled", table=CM_DATA, where=CM_DATA.c.status == 0, process=mark_processed,
     columns=("id", "payload"), partition_size=5000, batch_size=200,
     rows_per_s=float(os.environ.get("TEST_THROTTLED_RATE", "2000")),
 ))
 
 cm_gated = register(RangeJob(
-    name="cm_gated", table=CM_DATA, where=CmData.status == 0, process=mark_processed,
+    name="cm_gated", table=CM_DATA, where=CM_DATA.c.status == 0, process=mark_processed,
     columns=("id", "payload"), partition_size=5000, batch_size=200, throttle_on=gate_closed,
 ))
 
@@ -50,6 +50,6 @@ def _fail_on_boom(rows: Sequence[Row[Any]], ctx: Context) -> None:
 
 
 cm_flaky = register(RangeJob(
-    name="cm_flaky", table=CM_DATA, where=CmData.status == 0, process=_fail_on_boom,
+    name="cm_flaky", table=CM_DATA, where=CM_DATA.c.status == 0, process=_fail_on_boom,
     columns=("id", "payload"), partition_size=2000, batch_size=200,
 ))

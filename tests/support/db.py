@@ -9,6 +9,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from devtools.demo import reset_database
+from examples.tables import migrate
 from tasks.store.migrate import upgrade
 from tasks.store.resources import make_engine
 
@@ -49,8 +50,10 @@ def database_url(kind: str, tmp_path: Path) -> str:
 
 
 def fresh_database(url: str) -> Engine:
-    """An engine on `url` with this project's tables dropped and migrated anew."""
+    """An engine on `url` with this project's tables dropped and migrated anew, the example's
+    table cm_data (examples/tables.py) included."""
     engine = make_engine(url)
     reset_database(engine)
     upgrade(engine)
+    migrate(engine)
     return engine

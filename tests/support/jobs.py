@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from tasks.examples.cm_data import mark_processed
+from bench.cm_data import mark_processed
+from examples.tables import CM_DATA
 from tasks.ranges.jobs import Context, RangeJob, register
-from tasks.store.models import CM_DATA, CmData
 
 __all__ = ["poison_pill", "POISON"]
 
@@ -33,7 +33,7 @@ poison_pill = register(
     RangeJob(
         name="poison_pill",
         table=CM_DATA,
-        where=CmData.status == 0,
+        where=CM_DATA.c.status == 0,
         process=_die_on_poison,
         columns=("id", "payload"),
         partition_size=100,

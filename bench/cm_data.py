@@ -1,10 +1,14 @@
-"""The demo range job `cm_data` (seed 000): mark every row with `status = 0` processed.
+"""The benchmarks' variant of the example job `cm_data` (examples/cm_data.py): the same job
+name, table and effect, tuned and instrumented for measurement, registered the way a user's job
+is, through EXTRA_TASK_MODULES (`bench.cm_data`: the benchmarks' workers and the tests' do so;
+never a production worker).
 
 Each processed row gets `status = 1`, `processed_count + 1` and the fence of the lease holder
 that processed it, so a check afterwards can prove every row was processed exactly once.
 
-Its knobs are platform settings, read once at start-up (a bad value stops the worker with a
-message naming the variable):
+Its knobs are its own environment variables (the example's names, plus the benchmarks' own),
+read once when a worker imports it (a bad value stops the worker with a message naming the
+variable):
 
 | variable | default | meaning |
 | --- | --- | --- |
@@ -26,6 +30,7 @@ baseline").
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,10 +38,9 @@ from typing import Any
 
 from sqlalchemy import Row, bindparam, update
 
-from tasks.celery import settings
-from tasks.config.settings import load_settings
+from examples.tables import CM_DATA
+from tasks.config import envparse
 from tasks.ranges.jobs import Context, RangeJob, register
-from tasks.store.models import CM_DATA, CmData
 
 __all__ = ["cm_data", "mark_processed", "cpu_work", "CmDataConfig", "load_config", "CONFIG"]
 
@@ -53,7 +57,7 @@ FETCH_SIZE = 2000
 
 @dataclass(frozen=True)
 class CmDataConfig:
-    """The example job's knobs, from the platform's settings (CM_DATA_*)."""
+    """The job's knobs (CM_DATA_*)."""
 
     partition_size: int = 2_000_000
     batch_size: int = 1000
@@ -63,18 +67,27 @@ class CmDataConfig:
     target_batch_s: float = 0.0
 
 
+# Each knob: its variable and its parser (the platform's own, so a bad value reads the same).
+_KNOBS: dict[str, tuple[str, Any]] = {
+    "partition_size": ("CM_DATA_PARTITION_SIZE", envparse.at_least(int, 1)),
+    "batch_size": ("CM_DATA_BATCH_SIZE", envparse.at_least(int, 1)),
+    "parallelism": ("CM_DATA_PARALLELISM", envparse.at_least(int, 1)),
+    "work": ("CM_DATA_WORK", envparse.one_of(*WORK_KINDS)),
+    "batch_delay": ("CM_DATA_BATCH_DELAY", envparse.at_least(float, 0)),
+    "target_batch_s": ("CM_DATA_TARGET_BATCH_S", envparse.at_least(float, 0)),
+}
+
+
 def load_config(env: Mapping[str, str] | None = None) -> CmDataConfig:
-    """The CM_DATA_* knobs of `env` (default: the settings the app loaded at start-up);
-    `SettingsError` naming the variable if one is bad."""
-    found = settings if env is None else load_settings(env)
-    return CmDataConfig(
-        partition_size=found.cm_data_partition_size,
-        batch_size=found.cm_data_batch_size,
-        parallelism=found.cm_data_parallelism,
-        work=found.cm_data_work,
-        batch_delay=found.cm_data_batch_delay,
-        target_batch_s=found.cm_data_target_batch_s,
-    )
+    """The CM_DATA_* knobs of `env` (default: `os.environ`); `SettingsError` naming the
+    variable if one is bad."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for field, (name, parse) in _KNOBS.items():
+        raw = env.get(name, "").strip()
+        if raw:
+            values[field] = parse(name, raw)
+    return CmDataConfig(**values)
 
 
 CONFIG = load_config()
@@ -112,7 +125,7 @@ cm_data = register(
     RangeJob(
         name="cm_data",
         table=CM_DATA,
-        where=CmData.status == 0,
+        where=CM_DATA.c.status == 0,
         process=mark_processed,
         columns=("id", "payload"),
         partition_size=CONFIG.partition_size,
