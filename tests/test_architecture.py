@@ -315,8 +315,7 @@ def test_every_table_is_declared_in_exactly_one_module_of_its_owner() -> None:
                 "skus": "tasks.restock", "orders": "tasks.restock",
                 "order_items": "tasks.restock", "payments": "tasks.restock",
                 "restock_nodes": "tasks.restock", "rollback_journal": "tasks.rollback",
-                "rollback_owners": "tasks.rollback", "dead_letters": "tasks.deadletters",
-                "cm_data": "tasks.store"}
+                "rollback_owners": "tasks.rollback", "dead_letters": "tasks.deadletters"}
     assert owners == {table: {owner} for table, owner in expected.items()}
 
 
