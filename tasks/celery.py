@@ -226,7 +226,7 @@ app.steps["worker"].add(heartbeat.Heartbeat)
 @signals.after_setup_logger.connect
 @signals.after_setup_task_logger.connect
 def _bound_log_lines(logger: logging.Logger, **_: Any) -> None:
-    # No log line quotes more than a short part of a large value (MAX_MESSAGE_BYTES, item 15).
+    # No log line quotes more than a short part of a large value (MAX_MESSAGE_BYTES).
     bound_log_handlers(logger)
     if settings.log_format == "json":
         use_json(logger)

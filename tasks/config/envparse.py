@@ -54,7 +54,7 @@ def redact(url: str) -> str:
 
 
 # Credentials that ship in this repository's examples (deploy/, docker-compose.yml, the README,
-# before issue 18 the k8s Secret) or are the usual placeholders: public, so never a secret.
+# the k8s Secret once shipped) or are the usual placeholders: public, so never a secret.
 # Compared case-insensitively; a value containing one of the markers is refused too.
 SHIPPED_VALUES = frozenset({
     "change-me", "changeme", "change-me-to-32-random-bytes-or-more-0123456789",

@@ -1,5 +1,4 @@
-"""Failed logins, limited per user and per client address with a growing back-off (issue 18
-item 10).
+"""Failed logins, limited per user and per client address with a growing back-off.
 
 A one-second delay after a wrong password slows one client, not forty parallel ones. Each
 attempt is counted in Redis by login.lua *before* its password is checked: a user has

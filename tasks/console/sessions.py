@@ -1,4 +1,4 @@
-"""Server-side console sessions (issue 18 item 11): the cookie carries a signed session id,
+"""Server-side console sessions: the cookie carries a signed session id,
 and the session itself lives in Redis, read on every request.
 
 Logout deletes the session, so a copied cookie stops working with it. Each session records a

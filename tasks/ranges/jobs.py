@@ -94,7 +94,7 @@ class RangeJob:
     batch_size: int = 1000
     parallelism: int = 1
     columns: tuple[str, ...] = field(default=())
-    # Range-job controls (issue 11, tasks.ranges.gate): a cluster-wide cap in rows per second
+    # Range-job controls (tasks.ranges.gate): a cluster-wide cap in rows per second
     # each run starts with (`tasks.ranges.throttle` changes it), and a callable asked before
     # each batch whose truthy answer (e.g. replication lag too high) makes the run wait.
     rows_per_s: float | None = None

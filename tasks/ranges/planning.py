@@ -1,7 +1,7 @@
 """Partition planning: pure functions of the table's id bounds and the plan stored so far.
 
 A plan is data. The first round plans partition `i` of size `s` as ids `i*s + 1 .. (i+1)*s`
-(seed 000's pods); from then on the stored partitions are never recut, and partitions for a
+(the design's fixed pods); from then on the stored partitions are never recut, and partitions for a
 grown table are added after the highest stored `hi` (or below the lowest `lo`) with the size
 in force at that moment, so changing a job's partition size can never make two overlap.
 """

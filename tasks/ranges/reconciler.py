@@ -1,4 +1,4 @@
-"""The reconciler (seed 002's dispatcher): plans partitions and dispatches unleased ones.
+"""The reconciler (the design's dispatcher): plans partitions and dispatches unleased ones.
 
 One round per job at a time, by a term compare-and-set on the job's schedule row: a round reads
 the row's `term` and wins only with `UPDATE ... SET term = :seen + 1 WHERE term = :seen` (and

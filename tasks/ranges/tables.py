@@ -1,7 +1,7 @@
 """The range wing's tables, on the shared `tasks.store.models.Base.metadata`:
 
     work_items, schedules           range jobs (partitions and their reconcile rounds)
-    range_runs, range_run_events    range jobs' runs and who asked for each control (issue 11)
+    range_runs, range_run_events    range jobs' runs and who asked for each control
 
 Migrations 0001, 0005, 0011 and 0012 create them, never `create_all`.
 """

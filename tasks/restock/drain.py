@@ -1,4 +1,4 @@
-"""Sync and drain one restock queue (seed 002): redo log -> delay queue -> stock back.
+"""Sync and drain one restock queue: redo log -> delay queue -> stock back.
 
 Timeline of a drain batch, and what each crash point leaves behind::
 

@@ -1,4 +1,4 @@
-"""A Redis stock shard's maintenance (seed 002's consistency check): rebuild it from the database.
+"""A Redis stock shard's maintenance (the design's consistency check): rebuild it from the database.
 
 The rebuild holds the shard's maintenance lease ``{stock:N}:maintenance`` for its whole run;
 while that lease exists every stock script of the shard refuses (MAINTAINING), so deductions,

@@ -1,4 +1,4 @@
-"""The restock redo-log entry (seed 002): one format, one parser, used everywhere.
+"""The restock redo-log entry: one format, one parser, used everywhere.
 
 An entry is nine ``:``-separated fields::
 

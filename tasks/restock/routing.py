@@ -1,4 +1,4 @@
-"""Where an order's stock lives: a SKU's shard and a member's delay queue (seed 002).
+"""Where an order's stock lives: a SKU's shard and a member's delay queue.
 
 A SKU lives in one logical shard, ``crc32(sku_id) % shards``: fixed for a given shard count
 (RESTOCK_SHARDS), whatever the Redis layout, so "never below zero" is one script in one slot

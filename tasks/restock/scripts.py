@@ -1,4 +1,4 @@
-"""The stock scripts of a restock shard (seed 002): registered once per client, run behind
+"""The stock scripts of a restock shard: registered once per client, run behind
 typed wrappers that check their arguments and turn reply codes into results or exceptions.
 
 Within a shard, stock is deducted into per-queue redo logs, each drained through its own delay

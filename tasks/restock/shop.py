@@ -1,4 +1,4 @@
-"""Orders and their stock (seed 002): define SKUs, place orders, pay them, inspect a SKU.
+"""Orders and their stock: define SKUs, place orders, pay them, inspect a SKU.
 
 The database is the source of truth for SKUs' total stock, orders, order items and payments;
 Redis holds the stock that is free right now. Placing an order records its items first

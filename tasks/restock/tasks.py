@@ -1,4 +1,4 @@
-"""Celery tasks of the restock feature (seed 002). Beat emits one tick, which syncs every shard
+"""Celery tasks of the restock feature. Beat emits one tick, which syncs every shard
 and sends drain and rebuild where they are due (tasks.restock.dispatch); the rest are called by
 the shop, or ad hoc (a shard is a number below RESTOCK_SHARDS)::
 

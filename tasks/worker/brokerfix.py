@@ -1,5 +1,5 @@
 """A workaround for a kombu defect that makes every busy worker exit when the broker Redis
-restarts (issue 9 item 6; the family of celery/kombu#970 and #582, still in kombu 5.7.0).
+restarts (the family of celery/kombu#970 and #582, still in kombu 5.7.0).
 
 What happens (a prefork worker holding an unacknowledged acks_late message while its consumer
 waits in BRPOP for the next one; the Redis broker goes away):

@@ -1,4 +1,4 @@
-"""Flower fails closed from any working directory (issue 9 item 14).
+"""Flower fails closed from any working directory.
 
 `flowerconfig.py` is read only from the working directory, so `celery -A tasks flower` started
 elsewhere (a systemd unit, another checkout) used to serve every page, task arguments and
@@ -6,8 +6,7 @@ elsewhere (a systemd unit, another checkout) used to serve every page, task argu
 package every `celery -A tasks` process imports:
 
 - no basic-auth credentials (FLOWER_BASIC_AUTH=user:password) -> Flower refuses to start;
-- a password shipped in this repository's examples or a known placeholder (`admin:change-me`,
-  issue 18 item 9) -> Flower refuses to start: anyone can read it;
+- a password shipped in this repository's examples or a known placeholder (`admin:change-me`,) -> Flower refuses to start: anyone can read it;
 - no address given (FLOWER_ADDRESS or --address) -> it listens on 127.0.0.1 only, because
   Flower's `/metrics` and `/healthcheck` bypass basic auth.
 

@@ -1,4 +1,4 @@
-"""A size limit on task messages (issue 9 item 15): MAX_MESSAGE_BYTES.
+"""A size limit on task messages: MAX_MESSAGE_BYTES.
 
 - **On publish** (`LimitedAMQP`, the app's `amqp` class): every message this app sends, through
   `apply_async`, `send_task`, `celery -A tasks call` or beat, is measured as the JSON body the
@@ -7,7 +7,7 @@
   that is larger is not decoded nor run. Its task fails with `MessageTooLarge` in the result
   backend, a dead letter (kind `oversized-message`) keeps its task name, id, size and a short
   prefix, and the message is acknowledged: it would be refused again on every redelivery.
-- **Compressed on receipt** (`LimitedAMQP.TaskConsumer`, issue 18 item 8): kombu inflates the
+- **Compressed on receipt** (`LimitedAMQP.TaskConsumer`, a zlib bomb's defence): kombu inflates the
   body of a message with a `compression` header while it builds the message, before the
   strategy runs, so 64 KB of zlib on the wire used to become 64 MB in the worker's main
   process. The task consumer's process inflates every received body with `inflate_bounded`,

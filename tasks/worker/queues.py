@@ -1,4 +1,4 @@
-"""Which queue each task runs on, so that no kind of work waits behind another (issue 11).
+"""Which queue each task runs on, so that no kind of work waits behind another.
 
 The core routes its own tasks (`tasks.health.*` on CONTROL_QUEUE); each wing declares its
 rules (`Wing.routes`: a task name or glob pattern and the queue it goes to, read from the

@@ -1,4 +1,4 @@
--- Deduct stock for one order item and append its redo-log entry (seed 002).
+-- Deduct stock for one order item and append its redo-log entry.
 --
 -- KEYS[1]  stock:{stock:N}            hash sku_id -> available quantity
 -- KEYS[2]  deducted:{stock:N}         hash order_item_id -> entry text (the deduction on record)

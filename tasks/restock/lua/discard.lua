@@ -1,4 +1,4 @@
--- Remove dead-lettered members from a queue's delay queue, as its drainer (seed 002).
+-- Remove dead-lettered members from a queue's delay queue, as its drainer.
 --
 -- The drainer stores a dead letter in the database first, then calls this; a drainer that
 -- lost its lease in between removes nothing (the new holder dead-letters the entry again, so

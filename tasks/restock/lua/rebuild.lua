@@ -1,4 +1,4 @@
--- Rewrite a shard's stock from the database during its maintenance window (seed 002).
+-- Rewrite a shard's stock from the database during its maintenance window.
 --
 -- tasks.restock.maintenance calls it in chunks while it holds the shard's maintenance lease;
 -- every other stock script refuses while that lease exists, so the chunks need no atomicity

@@ -1,4 +1,4 @@
--- Return the stock of a batch of due delay-queue entries of one queue (seed 002).
+-- Return the stock of a batch of due delay-queue entries of one queue.
 --
 -- KEYS[1]  lease:{stock:N}:maintenance  exists while the shard is being rebuilt
 -- KEYS[2]  lease:{stock:N}:drain:QUEUE   the queue drainer's lease token (lease package)
@@ -27,7 +27,7 @@
 --                        or would overflow; its stored offset is not a number): nothing
 --                        changed for it, it stays queued (the drainer counts a failed attempt)
 -- An error reply (WRONGTYPE) when a key it writes holds another type: nothing changed at all.
--- A paid order whose record is a different entry still gets this entry's stock back (seed 002).
+-- A paid order whose record is a different entry still gets this entry's stock back.
 -- Whatever the status, the entry leaves the delay queue with its attempt count, and the
 -- deduction on record goes too when it is this entry: the item's stock is settled (back, or
 -- sold), so nothing reads the record again (a re-issued item's record is its newer entry, kept

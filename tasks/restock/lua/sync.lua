@@ -1,4 +1,4 @@
--- Move the next redo-log entries of one queue into its delay queue (seed 002).
+-- Move the next redo-log entries of one queue into its delay queue.
 --
 -- The log is read with an XRANGE cursor rather than a consumer group: each call is atomic, so
 -- concurrent syncs of one queue simply continue each other, and a cursor is one hash that an

@@ -1,5 +1,5 @@
 """Range jobs: a crash count per partition (poison partitions fail past the redelivery cap)
-and the time a finished partition's late-commit check ran (issue 9).
+and the time a finished partition's late-commit check ran.
 
 Revision ID: 0005
 Revises: 0004

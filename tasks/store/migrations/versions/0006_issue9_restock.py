@@ -1,4 +1,4 @@
-"""Restock (issue 9): the node generation in the database, and the rebuild's aggregate reads.
+"""Restock: the node generation in the database, and the rebuild's aggregate reads.
 
 - order_items.redo_offset: each deduction's offset on its node; max(redo_offset) per node is the
   database's side of the node's generation (deduct.lua refuses while the node is behind it).

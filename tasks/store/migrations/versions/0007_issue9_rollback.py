@@ -1,4 +1,4 @@
-"""Rollback journal owners and retention (issue 9).
+"""Rollback journal owners and retention.
 
 `rollback_owners` holds one row per journal: the owning execution's lease token and a state.
 Every write the owner makes matches that row in the same transaction, so the sweeper's

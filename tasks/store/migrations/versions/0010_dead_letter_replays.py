@@ -1,4 +1,4 @@
-"""Dead letters (issue 11): when a letter was replayed and the task id it was sent under, so
+"""Dead letters: when a letter was replayed and the task id it was sent under, so
 `python -m tasks deadletters replay` refuses a second replay of the same letter.
 
 Revision ID: 0010

@@ -1,4 +1,4 @@
-"""Range-job controls (issue 11): the runs of a range job and the audit of every control
+"""Range-job controls: the runs of a range job and the audit of every control
 (`range_runs`, `range_run_events`), and the time a partition waits for its throttle.
 
 Revision ID: 0011
