@@ -6,7 +6,8 @@ elsewhere (a systemd unit, another checkout) used to serve every page, task argu
 package every `celery -A tasks` process imports:
 
 - no basic-auth credentials (FLOWER_BASIC_AUTH=user:password) -> Flower refuses to start;
-- a password shipped in this repository's examples or a known placeholder (`admin:change-me`,) -> Flower refuses to start: anyone can read it;
+- a password shipped in this repository's examples or a known placeholder
+  (`admin:change-me`) -> Flower refuses to start: anyone can read it;
 - no address given (FLOWER_ADDRESS or --address) -> it listens on 127.0.0.1 only, because
   Flower's `/metrics` and `/healthcheck` bypass basic auth.
 
