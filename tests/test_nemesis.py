@@ -108,7 +108,7 @@ def test_the_fault_proxy_delays_cuts_and_black_holes_real_redis_traffic(
 
 
 # An open finding (docs/decisions.md, "Open: a refund left pending after a sweeper's
-# rollback"): in about one run in three on a loaded machine, seed 7 leaves one saga whose
+# rollback"): in two of three fresh-clone runs, seed 7 leaves one saga whose
 # compensation was retrying when its runner was fenced out with a step still pending past the
 # quiet timeout. Not strict: every other count is still asserted when it passes.
 @pytest.mark.xfail(strict=False, reason="open finding: a compensation step left pending after "
