@@ -17,6 +17,7 @@ the run's state to the job's Redis control hash, which the runners read before e
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from tasks.ranges.runs import (
     write_flags,
     writing,
 )
-from tasks.ranges.tables import SCHEDULES, WORK, RunState
+from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import partitions_of
 from tasks.store.db import affected, utcnow
@@ -58,6 +59,30 @@ Kick = Callable[[str], dict[str, Any]]
 
 class ControlRefused(InvalidArguments):
     """The run is in no state for this control (or changed under it); nothing was changed."""
+
+
+class RunChanged(ControlRefused):
+    """The run's state changed between the control's check and its write (a reconcile round
+    ended it, another control landed first); nothing was changed."""
+
+
+CONFLICT_TRIES = 3  # a control whose run changed under it checks the new state and tries again
+
+Verb = Callable[..., dict[str, Any]]
+
+
+def settled(verb: Verb) -> Verb:
+    """`verb` again (up to CONFLICT_TRIES times) when the run changed under it: the new state
+    is checked anew, so the control lands or is refused for what the run now is."""
+    @functools.wraps(verb)
+    def again(*args: Any) -> dict[str, Any]:
+        for _ in range(CONFLICT_TRIES - 1):
+            try:
+                return verb(*args)
+            except RunChanged:
+                continue
+        return verb(*args)
+    return again
 
 
 def validate_rate(value: object) -> float:
@@ -133,9 +158,11 @@ class Controls:
                                  f"{job.table.name}: {str(getattr(exc, 'orig', exc))[:300]}"
                                  ) from None
 
+    @settled
     def pause(self, job: str, actor: str) -> dict[str, Any]:
         return self._halt(job, "pause", (RunState.RUNNING,), RunState.PAUSED, actor)
 
+    @settled
     def resume(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "resume", (RunState.PAUSED,))
         with writing(self.sessions) as session:
@@ -146,6 +173,7 @@ class Controls:
         report = self._after(run, RunState.RUNNING, resumed=resumed)
         return self._dispatched(report, self.kick_quietly(run.job))
 
+    @settled
     def cancel(self, job: str, actor: str) -> dict[str, Any]:
         return self._halt(job, "cancel", RunState.LIVE, RunState.CANCELLED, actor)
 
@@ -165,6 +193,7 @@ class Controls:
             report["deferred"] = _deferred("parking idle partitions", exc)
         return report
 
+    @settled
     def retry_failed(self, job: str, actor: str) -> dict[str, Any]:
         run = self._run(job, "retry-failed", (*RunState.LIVE, RunState.FAILED))
         to = S.PAUSED if run.state == RunState.PAUSED else S.PENDING
@@ -185,6 +214,7 @@ class Controls:
             return self._dispatched(report, self.kick_quietly(run.job))
         return report
 
+    @settled
     def throttle(self, job: str, rows_per_s: object, actor: str) -> dict[str, Any]:
         rate = validate_rate(rows_per_s)
         run = self._run(job, "throttle", RunState.LIVE)
@@ -208,8 +238,10 @@ class Controls:
     @staticmethod
     def _change(session: Session, run: Run, verb: str, to: str, **values: Any) -> None:
         if not change_state(session, run, to, **values):
-            raise ControlRefused(f"{verb} {run.job}: run {run.id} changed while this control "
-                                 "ran; nothing was changed, try again")
+            now = session.execute(select(RANGE_RUNS.c.state).where(
+                RANGE_RUNS.c.id == run.id)).scalar()
+            raise RunChanged(f"{verb} {run.job}: run {run.id} changed from {run.state} to "
+                             f"{now} while this control ran; nothing was changed, try again")
 
     @staticmethod
     def _move(session: Session, job: str, old: str, new: str, **values: Any) -> int:

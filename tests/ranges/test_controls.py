@@ -253,3 +253,31 @@ def test_the_cli_refuses_bad_input_with_one_line_and_exit_1(
         assert out.returncode == 1, (args, out.stdout, out.stderr)
         assert said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert runs(engine) == [] and events(engine) == []
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_a_control_whose_run_changed_under_it_checks_the_new_state_and_tries_again(
+        engine: Engine, controls: Controls, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer moves the run between a control's check and its write (here: pause
+    lands first, then a reconcile round ends the run): the control checks the run again."""
+    controls.start("cm_data", "t")
+    sessions: sessionmaker[Session] = controls.sessions
+    moves = [RunState.PAUSED]
+    checked = controls._run
+
+    def check_then_move(job: str, verb: str, allowed: tuple[str, ...]) -> object:
+        run = checked(job, verb, allowed)
+        if moves:  # the next state lands after the check, before the control's write
+            with sessions.begin() as session:
+                assert change_state(session, run, moves.pop(0))
+        return run
+
+    monkeypatch.setattr(controls, "_run", check_then_move)
+    throttled = controls.throttle("cm_data", 7, "t")  # running -> paused under it: lands
+    assert throttled["state"] == RunState.PAUSED and throttled["rows_per_s"] == 7
+    assert [r.state for r in runs(engine)] == [RunState.PAUSED]
+    assert runs(engine)[-1].rows_per_s == 7
+    moves.append(RunState.CANCELLED)
+    with pytest.raises(ControlRefused, match="is cancelled"):
+        controls.resume("cm_data", "t")  # paused -> cancelled under it: refused anew
+    assert events(engine) == ["start", "throttle"]
