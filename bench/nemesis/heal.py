@@ -95,6 +95,12 @@ def quiet(engine: Engine) -> str | None:
             (ItemState.RESERVING, ItemState.HELD, ItemState.RELEASED)))).scalar()
         owners = conn.execute(select(func.count()).where(
             OWNERS.c.state.in_(OwnerState.OPEN))).scalar()
+        pending = conn.execute(select(
+            JOURNAL.c.task_id, JOURNAL.c.seq, JOURNAL.c.name, JOURNAL.c.state,
+            JOURNAL.c.attempt, OWNERS.c.state.label("owner_state"))
+            .outerjoin(OWNERS, OWNERS.c.task_id == JOURNAL.c.task_id)
+            .where(JOURNAL.c.state.in_((*JournalState.PENDING, JournalState.COMPENSATING)))
+            .limit(5)).all()
         steps = conn.execute(select(func.count()).where(JOURNAL.c.state.in_(
             (*JournalState.PENDING, JournalState.COMPENSATING)))).scalar()
     waiting = []
@@ -104,6 +110,9 @@ def quiet(engine: Engine) -> str | None:
         waiting.append(f"{items} order items unsettled")
     if owners or steps:
         waiting.append(f"{owners} saga journals open, {steps} steps pending")
+    for r in pending:  # the task id finds the story in the workers' logs
+        waiting.append(f"step {r.task_id}:{r.seq} {r.name} {r.state} (attempt {r.attempt}, "
+                       f"journal {r.owner_state or 'without owners row'})")
     return ", ".join(waiting) or None
 
 

@@ -112,12 +112,18 @@ def rollback(task_id: str, reason: str) -> RollbackReport:
     which compensates only once the owner is gone, as the sweeper does.
     Idempotent: a second call finds nothing left and runs nothing.
     Closes this process's ownership of the journal afterwards (state 'rolled_back'), if any.
+    A rollback that did not finish (its process terminated inside a compensation: billiard
+    raises SystemExit on SIGTERM; the database away) leaves the journal open and gives up
+    its lease, so the next sweep takes it over and runs the rest, the interrupted step first.
     """
     found = journal()
     try:
-        return found.rollback(task_id, reason)
-    finally:
-        found.close(task_id, final=OwnerState.ROLLED_BACK)
+        report = found.rollback(task_id, reason)
+    except BaseException:
+        found.close(task_id)
+        raise
+    found.close(task_id, final=OwnerState.ROLLED_BACK)
+    return report
 
 
 def rollback_now(task_id: str, reason: str) -> RollbackReport:

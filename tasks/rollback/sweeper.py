@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy import Select, case, delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
@@ -40,6 +40,8 @@ from tasks.worker.retry import RetryPolicy
 __all__ = ["Candidate", "Sweeper", "TakeBack", "sweep"]
 
 log = logging.getLogger("tasks.rollback")
+
+_UNFINISHED = (*JournalState.PENDING, JournalState.COMPENSATING)
 
 
 @dataclass
@@ -96,9 +98,12 @@ class Sweeper:
         `task_id`, only that task's)."""
         owned_q = (select(OWNERS.c.task_id, OWNERS.c.owner, OWNERS.c.state)
                    .where(OWNERS.c.state.in_(OwnerState.OPEN)))
+        # A journal with a pending row, and its newest row still to finish: a row above the
+        # pending ones may be 'compensating', and the walk must see it to keep the order.
+        is_pending = case((JOURNAL.c.state.in_(JournalState.PENDING), 1), else_=0)
         pending_q = (select(JOURNAL.c.task_id, func.max(JOURNAL.c.id))
-                     .where(JOURNAL.c.state.in_(JournalState.PENDING))
-                     .group_by(JOURNAL.c.task_id))
+                     .where(JOURNAL.c.state.in_(_UNFINISHED))
+                     .group_by(JOURNAL.c.task_id).having(func.sum(is_pending) > 0))
         stuck_q = self._stuck_query()
         if task_id is not None:
             owned_q = owned_q.where(OWNERS.c.task_id == task_id)

@@ -58,6 +58,17 @@ def _gated_release(data: dict[str, Any]) -> None:
         undone.append(data["step"])
 
 
+@compensation("test.interrupted_refund")
+def _interrupted_refund(data: dict[str, Any]) -> None:
+    """In the first claimer's thread, the process is terminated inside it: billiard's SIGTERM
+    handler raises SystemExit in a pool process (Celery's cancel on a broker connection loss,
+    revoke(terminate=True)), so the `finally` blocks run on the way out."""
+    if threading.current_thread().name == FIRST:
+        raise SystemExit(1)
+    if data["step"] not in undone:
+        undone.append(data["step"])
+
+
 @compensation("test.plain_undo")
 def _plain_undo(data: dict[str, Any]) -> None:
     if data["step"] not in undone:
@@ -155,3 +166,64 @@ def test_a_step_a_dead_sweep_left_compensating_is_taken_over_again_once_stuck(
     assert rows(owner, task_id) == [("reserve_stock", "compensated")]
     assert DeadLetters(owner.sessions).list("compensation") == []
     assert sweeper.sweep(redis_client) == 0 and undone == ["reserve_stock"]
+
+
+def _record_two(owner: Journal, task_id: str, newest_undo: str) -> None:
+    owner.record(task_id, "tests.stuck", 0, "reserve_stock", "test.plain_undo",
+                 {"step": "reserve_stock"})
+    owner.record(task_id, "tests.stuck", 0, "charge", newest_undo, {"step": "charge"})
+
+
+def test_an_own_rollback_terminated_in_a_compensation_leaves_the_rest_to_the_sweeper(
+    owner: Journal, redis_client: redis.Redis
+) -> None:
+    """The nemesis' nem-saga-13 (seed 7): the owner's rollback claimed the newest step and its
+    process was terminated inside the compensation. The journal must stay open (not 'rolled
+    back'), its lease given up, so the next sweep takes it over and compensates the
+    interrupted step and then the older one, at once."""
+    task_id = "t-terminated"
+    _record_two(owner, task_id, "test.interrupted_refund")
+    exits: list[BaseException] = []
+
+    def own_rollback() -> None:
+        try:
+            rollback(task_id, "task failed")
+        except SystemExit as exc:
+            exits.append(exc)
+
+    thread = threading.Thread(target=own_rollback, name=FIRST, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert len(exits) == 1  # the termination went through
+    assert rows(owner, task_id) == [("reserve_stock", "recorded"), ("charge", "compensating")]
+    assert owner_state(owner, task_id) == "running"  # open: nobody rolled it back
+    assert not redis_client.exists(lease_key(journal_lease_name(task_id)))
+    assert Sweeper(owner.sessions, FAST).sweep(redis_client) == 1
+    assert rows(owner, task_id) == [("reserve_stock", "compensated"), ("charge", "compensated")]
+    assert undone == ["charge", "reserve_stock"]  # newest first
+    assert owner_state(owner, task_id) == "taken_over"
+
+
+def test_a_sweep_never_undoes_an_older_step_while_a_newer_one_is_being_compensated(
+    owner: Journal, redis_client: redis.Redis
+) -> None:
+    """A closed journal (rolled back by its owner) whose newest step is still 'compensating'
+    under some runner: a sweep must leave the older pending step alone until that claim is
+    done or stuck, then compensate in order."""
+    task_id = "t-closed-order"
+    _record_two(owner, task_id, "test.plain_undo")
+    owner.close(task_id, final="rolled_back")
+    with owner.sessions.begin() as session:
+        session.execute(update(JOURNAL).where(JOURNAL.c.task_id == task_id,
+                                              JOURNAL.c.name == "charge")
+                        .values(state="compensating", updated_at=utcnow()))
+    sweeper = Sweeper(owner.sessions, FAST)
+    assert sweeper.sweep(redis_client) == 0
+    assert rows(owner, task_id) == [("reserve_stock", "recorded"), ("charge", "compensating")]
+    assert undone == []
+    with owner.sessions.begin() as session:  # STUCK_AFTER later (aged rather than waited for)
+        session.execute(update(JOURNAL).where(JOURNAL.c.task_id == task_id).values(
+            updated_at=utcnow() - timedelta(seconds=STUCK_AFTER + 1)))
+    assert sweeper.sweep(redis_client) == 1
+    assert rows(owner, task_id) == [("reserve_stock", "compensated"), ("charge", "compensated")]
+    assert undone == ["charge", "reserve_stock"]

@@ -22,6 +22,7 @@ from tasks.examples.saga import (
     SagaStepFailed,
     check_order,
     ledger,
+    refund,
     release_stock,
     run_steps,
 )
@@ -32,9 +33,10 @@ from tasks.store.validate import InvalidArguments, text_arg
 from tasks.worker.base import PlatformTask
 from tasks.worker.retry import RetryPolicy
 
-__all__ = ["GATE_PREFIX", "UNDO_CALLS_PREFIX", "GateClosed", "gate_key", "gated_release_stock",
-           "gated_saga", "handover_saga", "hung_undo_saga", "retrying_saga", "sleepy_saga",
-           "slow_saga", "stubborn_saga", "undo_calls_key"]
+__all__ = ["GATE_PREFIX", "UNDO_CALLS_PREFIX", "GateClosed", "gate_key", "gated_refund",
+           "gated_release_stock", "gated_saga", "handover_saga", "hung_refund_saga",
+           "hung_undo_saga", "retrying_saga", "sleepy_saga", "slow_saga", "stubborn_saga",
+           "undo_calls_key"]
 
 # saga-gate:{ORDER} -> "1" once the test lets a gated saga ship. Owner: the tests that set it,
 # with a TTL of their choosing.
@@ -159,10 +161,9 @@ def handover_saga(self: PlatformTask, order_id: str, retry_queue: str,
     return ledger(order_id)
 
 
-@compensation("tests.gated_release_stock")
-def gated_release_stock(data: dict[str, Any]) -> None:
-    """release_stock (idempotent), but its first call for an order waits at the order's gate
-    first (at most 60 s, then GateClosed): a test kills the process that made that call."""
+def _first_call_waits(data: dict[str, Any]) -> None:
+    """Count the calls of a gated undo for the order; the first waits at the order's gate
+    (at most 60 s, then GateClosed): a test kills or terminates the process that made it."""
     client = resources_for(settings).redis
     key = undo_calls_key(data["order_id"])
     with client.pipeline() as pipe:
@@ -171,7 +172,20 @@ def gated_release_stock(data: dict[str, Any]) -> None:
         calls, _ = pipe.execute()
     if calls == 1:
         _wait_at_gate(client, data["order_id"], 60)
+
+
+@compensation("tests.gated_release_stock")
+def gated_release_stock(data: dict[str, Any]) -> None:
+    """release_stock (idempotent), but its first call for an order waits at the gate."""
+    _first_call_waits(data)
     release_stock(data)
+
+
+@compensation("tests.gated_refund")
+def gated_refund(data: dict[str, Any]) -> None:
+    """refund (idempotent), but its first call for an order waits at the gate."""
+    _first_call_waits(data)
+    refund(data)
 
 
 @app.task(name="tests.support.sagas.hung_undo_saga", base=PlatformTask, soft_time_limit=100,
@@ -188,3 +202,21 @@ def hung_undo_saga(order_id: str) -> None:
             pipe.pexpire(f"{SAGA_PREFIX}{order_id}", UNDO_CALLS_TTL_MS)
             pipe.execute()
     raise SagaStepFailed(f"order {order_id}: charge failed")
+
+
+@app.task(name="tests.support.sagas.hung_refund_saga", base=PlatformTask, soft_time_limit=100,
+          time_limit=110)
+def hung_refund_saga(order_id: str) -> None:
+    """Reserve stock, charge (undone by tests.gated_refund), then fail: the saga's own
+    rollback claims the charge and hangs in its refund, the reservation still to undo, until
+    the test terminates its pool process."""
+    order_id, _ = check_order(order_id)
+    run_steps(order_id, None, STEPS[:1])
+    data = {"order_id": order_id, "step": "charge"}
+    with step("charge", undo="tests.gated_refund", data=data):
+        client = resources_for(settings).redis
+        with client.pipeline() as pipe:
+            pipe.rpush(f"{SAGA_PREFIX}{order_id}", "charge")
+            pipe.pexpire(f"{SAGA_PREFIX}{order_id}", UNDO_CALLS_TTL_MS)
+            pipe.execute()
+    raise SagaStepFailed(f"order {order_id}: ship failed")
