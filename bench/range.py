@@ -3,11 +3,12 @@
 Measures, in one run on the same database: a raw single-process keyset scan-and-update script
 on SQLAlchemy Core (no leases, no Celery, the same batch size and per-row work), the same scan
 written on the bare database driver (sqlite3, psycopg or PyMySQL: what a user would write by
-hand), then the platform's `cm_data` job on 1 and on 2 real prefork worker processes. Prints
-rows/s of each, the ratios against the raw baseline (and the 1-worker rate against the driver
-script: `driver_ratio`), and a final JSON line.
+hand, bench/drivers.py: once writing by id range, once by id list), then the platform's
+`cm_data` job on 1 and on 2 real prefork worker processes. Prints rows/s of each, the ratios
+against the raw baseline (and the 1-worker rate against the two driver scripts:
+`driver_ratio` and `driver_list_ratio`), and a final JSON line.
 
-Each of the four is measured `--repeat` times (3 by default), in turns, from the same table
+Each of the five is measured `--repeat` times (3 by default), in turns, from the same table
 state, and its best rate is the one compared: on a shared machine one run of a second or less
 varies by 10-20% either way, the same for every side, and the best of a few is the run least
 disturbed by the rest of the machine (the way `timeit` reports the minimum of its repeats).
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Engine, delete, func, make_url, select, update
+from sqlalchemy import Engine, delete, func, select, update
 
 from bench.cm_data import cpu_work
+from bench.drivers import driver_list_scan, driver_scan
 from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database, verify
 from examples.seed import seed_cm_data
@@ -70,67 +71,6 @@ def raw_scan(engine: Engine, batch: int, work: str) -> float:
         done += len(rows)
         next_id = rows[-1].id + 1
     return done / (time.perf_counter() - started)
-
-
-# The driver script's statements; `%s` placeholders (psycopg, PyMySQL), `?` for sqlite3.
-DRIVER_READ = ("SELECT id, payload FROM cm_data WHERE id >= %s AND status = 0 "
-               "ORDER BY id LIMIT %s")
-DRIVER_WRITE = ("UPDATE cm_data SET status = 1, processed_count = processed_count + 1 "
-                "WHERE id BETWEEN %s AND %s AND status = 0")
-
-
-def driver_scan(url: str, batch: int, work: str) -> float:
-    """The hand-written baseline on the bare driver: per batch, a keyset read, then one UPDATE
-    by the id range the read covered (exact here: one process, nothing else writes)."""
-    conn, style = _driver_connect(url)
-    read, write = DRIVER_READ.replace("%s", style), DRIVER_WRITE.replace("%s", style)
-    started = time.perf_counter()
-    done, next_id = 0, 0
-    try:
-        cursor = conn.cursor()
-        while True:
-            cursor.execute(read, (next_id, batch))
-            rows = cursor.fetchall()
-            if not rows:
-                conn.rollback()
-                break
-            if work == "cpu":
-                for row in rows:
-                    cpu_work(_Row(row[1]))
-            cursor.execute(write, (rows[0][0], rows[-1][0]))
-            conn.commit()
-            done += len(rows)
-            next_id = rows[-1][0] + 1
-    finally:
-        conn.close()
-    return done / (time.perf_counter() - started)
-
-
-class _Row:
-    """What `cpu_work` reads of a row."""
-
-    def __init__(self, payload: str) -> None:
-        self.payload = payload
-
-
-def _driver_connect(url: str) -> tuple[Any, str]:
-    """A plain DB-API connection to `url` (parsed only) and its placeholder style."""
-    parts = make_url(url)
-    backend = parts.get_backend_name()
-    if backend == "sqlite":
-        conn = sqlite3.connect(parts.database or "", timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")  # the platform's settings (tasks.store.resources)
-        conn.execute("PRAGMA synchronous=NORMAL")
-        return conn, "?"
-    if backend == "postgresql":
-        import psycopg
-
-        return psycopg.connect(parts.set(drivername="postgresql")
-                               .render_as_string(hide_password=False)), "%s"
-    import pymysql
-
-    return pymysql.connect(host=parts.host, port=parts.port or 3306, user=parts.username,
-                           password=parts.password or "", database=parts.database), "%s"
 
 
 def reset_rows(engine: Engine) -> None:
@@ -193,13 +133,15 @@ def _finished(engine: Engine) -> bool:
 def _measure(engine: Engine, args: argparse.Namespace, db_url: str, redis_url: str,
              env: dict[str, str], workdir: Path) -> dict[str, list[Any]]:
     """Every measurement `args.repeat` times, in turns, each from the same table state."""
-    runs: dict[str, list[Any]] = {"raw": [], "driver": [], "one": [], "two": [],
-                                  "exactly_once": [], "closing_share": []}
+    runs: dict[str, list[Any]] = {"raw": [], "driver": [], "driver_list": [], "one": [],
+                                  "two": [], "exactly_once": [], "closing_share": []}
     for _ in range(max(args.repeat, 1)):
         reset_rows(engine)
         runs["raw"].append(raw_scan(engine, args.batch, args.work))
         reset_rows(engine)
         runs["driver"].append(driver_scan(db_url, args.batch, args.work))
+        reset_rows(engine)
+        runs["driver_list"].append(driver_list_scan(db_url, args.batch, args.work))
         for workers, key in ((1, "one"), (2, "two")):
             reset_rows(engine)
             flush(redis_url)
@@ -254,12 +196,15 @@ def main(argv: list[str]) -> int:
                    CM_DATA_TARGET_BATCH_S=str(args.target_batch_s), LEASE_TTL="10",
                    RECONCILE_INTERVAL="1")
         runs = _measure(engine, args, db_url, redis_url, env, workdir)
-        raw, driver = max(runs["raw"]), max(runs["driver"])
+        raw, driver, driver_list = (max(runs["raw"]), max(runs["driver"]),
+                                    max(runs["driver_list"]))
         rates = {1: max(runs["one"]), 2: max(runs["two"])}
         exactly_once = all(runs["exactly_once"])
         print(f"raw keyset scan-and-update: {raw:,.0f} rows/s ({_each(runs['raw'])})")
         print(f"driver script (keyset read, UPDATE by id range): {driver:,.0f} rows/s "
               f"({_each(runs['driver'])})")
+        print(f"driver script (keyset read, UPDATE by id list): {driver_list:,.0f} rows/s "
+              f"({_each(runs['driver_list'])})")
         print(f"closing round: {statistics.median(runs['closing_share']):.1%} of a run "
               "(median; from the last partition's end to the run's)")
         for workers, key in ((1, "one"), (2, "two")):
@@ -273,7 +218,10 @@ def main(argv: list[str]) -> int:
             "two_worker_ratio": round(rates[2] / raw, 3),
             "exactly_once": exactly_once,
             "driver_raw_rows_per_s": round(driver, 1),
-            "driver_ratio": round(rates[1] / driver, 3), "repeat": max(args.repeat, 1),
+            "driver_ratio": round(rates[1] / driver, 3),
+            "driver_list_raw_rows_per_s": round(driver_list, 1),
+            "driver_list_ratio": round(rates[1] / driver_list, 3),
+            "repeat": max(args.repeat, 1),
             "closing_round_share": round(statistics.median(runs["closing_share"]), 4),
         }
         print(json.dumps(result))
