@@ -22,9 +22,9 @@ variable):
 The effect is one UPDATE per batch. When the runner says the batch's rows are every row of
 their id range still to do (`ctx.span`: SQLite, where the batch holds the write lock from its
 read, and no quarantined row in the range), the UPDATE goes by that id range, `id BETWEEN first
-AND last AND status = 0`, which touches exactly the rows read; otherwise by the list of ids,
-IDS_CHUNK ids a statement (docs/decisions.md, "Adaptive batches, skips and the driver
-baseline").
+AND last AND status = 0`, which touches exactly the rows read; otherwise by the list of ids
+(`ctx.in_batch`: one array parameter on PostgreSQL), IDS_CHUNK ids a statement
+(docs/decisions.md, "Adaptive batches, skips and the driver baseline").
 """
 
 from __future__ import annotations
@@ -103,7 +103,6 @@ _MARK = update(CM_DATA).values(status=1, processed_count=CM_DATA.c.processed_cou
                                processed_fence=bindparam("fence"))
 MARK_SPAN = _MARK.where(CM_DATA.c.id.between(bindparam("first"), bindparam("last")),
                         CM_DATA.c.status == 0)
-MARK_IDS = _MARK.where(CM_DATA.c.id.in_(bindparam("ids", expanding=True)))
 
 
 def mark_processed(rows: Sequence[Row[Any]], ctx: Context) -> None:
@@ -118,7 +117,8 @@ def mark_processed(rows: Sequence[Row[Any]], ctx: Context) -> None:
     else:
         ids = [row.id for row in rows]
         for at in range(0, len(ids), IDS_CHUNK):
-            ctx.session.execute(MARK_IDS, {"ids": ids[at:at + IDS_CHUNK], "fence": ctx.fence})
+            ctx.session.execute(_MARK.where(ctx.in_batch(CM_DATA.c.id, ids[at:at + IDS_CHUNK])),
+                                {"fence": ctx.fence})
 
 
 cm_data = register(

@@ -25,7 +25,7 @@ BATCH_DELAY = knob("CM_DATA_BATCH_DELAY", 0)  # seconds each batch sleeps (the d
 def mark_processed(rows: Sequence[Any], ctx: Context) -> None:
     """The batch's effect, inside its transaction: the rows stop matching `where`."""
     time.sleep(BATCH_DELAY)
-    ctx.session.execute(update(t).where(t.c.id.in_([r.id for r in rows])).values(
+    ctx.session.execute(update(t).where(ctx.in_batch(t.c.id, (r.id for r in rows))).values(
         status=1, processed_count=t.c.processed_count + 1, processed_fence=ctx.fence))
 
 
