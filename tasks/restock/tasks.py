@@ -39,6 +39,7 @@ from tasks.restock.metrics import RestockSeries
 from tasks.restock.orders import ID_MAX_LEN, MAX_LINES
 from tasks.restock.routing import Router
 from tasks.restock.settings import restock_settings
+from tasks.restock.settle import settle_released
 from tasks.restock.shards import StockShard, stock_shards
 from tasks.restock.shop import OrderPending, Shop, StockUnavailable
 from tasks.store.resources import resources_for
@@ -167,7 +168,8 @@ def rebuild(shard: int, force: bool = False) -> dict[str, Any]:
 
 @app.task(name="tasks.restock.tick")
 def tick() -> dict[str, Any]:
-    """Beat's restock message: sync every shard, send drain and rebuild where due."""
+    """Beat's restock message: sync every shard, settle items a drain left 'released'
+    (tasks.restock.settle), send drain and rebuild where due."""
     res = resources_for(settings)
     shards = stock_shards(res)
     queues = restock.queue_names
@@ -178,9 +180,14 @@ def tick() -> dict[str, Any]:
             synced += sum(drainer.sync(queue).moved for queue in queues)
         except (redis.ConnectionError, redis.TimeoutError) as exc:  # its master is away
             log.warning("tick: shard %d not synced: %s", shard.number, exc)
+    try:
+        settled = settle_released(res.sessions, shards, grace=settings.lease_ttl)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # the next tick settles them
+        log.warning("tick: released items not settled: %s", exc)
+        settled = 0
     work = due_work(res.sessions, shards, queues)
     for number, queue in work.drains:
         drain.apply_async((number, queue), expires=max(restock.interval, 1.0))
     for number in work.rebuilds:
         rebuild.apply_async((number,), expires=max(restock.interval, 1.0))
-    return {"synced": synced, **work.as_dict()}
+    return {"synced": synced, "settled": settled, **work.as_dict()}
