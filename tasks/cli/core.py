@@ -104,7 +104,7 @@ def _snapshot(res: Resources, query: PartitionQuery, width: int) -> RenderableTy
 
 def _snapshot_json(res: Resources, query: PartitionQuery) -> dict[str, Any]:
     from tasks.deadletters.view import letters_json
-    from tasks.ranges.status import ranges_json
+    from tasks.ranges.paging import ranges_json
     from tasks.restock.status import shards_json
 
     page, summaries, (nodes, letters), now = _views(res, query)

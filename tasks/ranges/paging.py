@@ -33,12 +33,12 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 
-from tasks.ranges.status import PartitionView, view_of
+from tasks.ranges.status import JobSummary, PartitionView, view_of
 from tasks.ranges.tables import WORK, PartitionStatus
 from tasks.ranges.workrow import every_partition
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "STATES", "InvalidPage", "PartitionQuery",
-           "PartitionPage", "partition_page"]
+           "PartitionPage", "partition_page", "ranges_json"]
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -222,3 +222,10 @@ def _slowest(session: Session, query: PartitionQuery, total: int) -> PartitionPa
     prev = None if offset == 0 else str(back) if back > 0 else ""
     return PartitionPage(query, shown, total, str(offset + query.limit) if more else None,
                          prev)
+
+
+def ranges_json(summaries: Sequence[JobSummary], page: PartitionPage) -> dict[str, Any]:
+    """The `jobs`, `partitions` and `page` of `status --json`: every job's summary and totals
+    per state, one page of partitions and how to get the next."""
+    return {"jobs": [s.as_dict() for s in summaries],
+            "partitions": [v.as_dict() for v in page.partitions], "page": page.as_dict()}

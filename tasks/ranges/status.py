@@ -1,6 +1,7 @@
 """The range jobs' status view, plain data: a summary per job, with totals per partition state.
 The CLI draws it (`tasks.cli.render`), `python -m tasks status --json` and the console
-serialise it; the partitions themselves are listed a page at a time (`tasks.ranges.paging`).
+serialise it; the partitions themselves are listed a page at a time (`tasks.ranges.paging`,
+which also writes the range part of `status --json`).
 
 A job's progress is read from its partitions by one aggregate query (GROUP BY job and state:
 its cost is one pass of the index, its answer a few rows per job however many partitions
@@ -34,10 +35,8 @@ from tasks.ranges.workrow import every_partition
 if TYPE_CHECKING:
     from sqlalchemy.engine import Row
 
-    from tasks.ranges.paging import PartitionPage
-
 __all__ = ["PartitionView", "StateTotals", "JobSummary", "view_of", "partitions",
-           "job_summaries", "summarize", "ranges_json", "format_eta"]
+           "job_summaries", "summarize", "format_eta"]
 
 
 @dataclass(frozen=True)
@@ -261,10 +260,3 @@ def format_eta(seconds: float | None) -> str:
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes \
         else f"{secs}s"
-
-
-def ranges_json(summaries: Sequence[JobSummary], page: PartitionPage) -> dict[str, Any]:
-    """The `jobs`, `partitions` and `page` of `status --json`: every job's summary and totals
-    per state, one page of partitions and how to get the next."""
-    return {"jobs": [s.as_dict() for s in summaries],
-            "partitions": [v.as_dict() for v in page.partitions], "page": page.as_dict()}
