@@ -6,7 +6,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -24,7 +24,7 @@ def cli() -> None:
     letters. Settings come from the environment (REDIS_URL, DATABASE_URL, ...)."""
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Print `message` on stderr and exit 1 (a clear refusal, not a usage error)."""
     click.echo(message, err=True)
     sys.exit(1)

@@ -11,6 +11,7 @@ from tasks.cli.common import open_resources, require_redis, require_tables
 
 if TYPE_CHECKING:
     from tasks.cli.render import RenderableType
+    from tasks.ranges.paging import PartitionQuery
     from tasks.store.resources import Resources
 
 __all__ = ["migrate", "status"]
@@ -29,61 +30,83 @@ def migrate() -> None:
 
 @click.command()
 @click.option("--job", default=None, help="only this range job's partitions")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              help="only partitions in STATE (running, pending, failed, paused, done, empty;"
+                   " repeat or comma-separate for several)")
+@click.option("--owner", default=None, help="only partitions whose owner starts with OWNER "
+              "(a worker's name: all its pool processes)")
+@click.option("--slowest", is_flag=True, help="running partitions, lowest rows/s first")
+@click.option("--limit", default=None, metavar="N",
+              help="partitions per page (default 50, at most 500)")
+@click.option("--after", default=None, metavar="CURSOR",
+              help="the page after CURSOR (the `next` a page names; JOB:PART, or an offset "
+                   "with --slowest)")
 @click.option("--json", "as_json", is_flag=True,
-              help="one JSON object: jobs, partitions, restock nodes, dead letters")
+              help="one JSON object: jobs, a page of partitions, restock nodes, dead letters")
 @click.option("--watch", type=click.FloatRange(min=0.2), is_flag=False, flag_value=2.0,
               default=None, metavar="[SECONDS]",
               help="refresh every SECONDS (default 2) until Ctrl-C")
-def status(job: str | None, as_json: bool, watch: float | None) -> None:
-    """Range jobs and partitions, restock nodes and dead letters.
+def status(job: str | None, states: tuple[str, ...], owner: str | None, slowest: bool,
+           limit: str | None, after: str | None, as_json: bool, watch: float | None) -> None:
+    """Range jobs (totals per partition state) and one page of their partitions, restock nodes
+    and dead letters.
 
-    Exits 1 with one line on stderr when the database or REDIS_URL does not answer (the
-    compose and k8s readiness probes run `status --json`)."""
+    Exits 1 with one line on stderr when a filter or cursor is not valid, or when the
+    database or REDIS_URL does not answer (the compose and k8s readiness probes run
+    `status --json`)."""
+    from tasks.cli.common import fail
     from tasks.cli.render import console_for
     from tasks.cli.render import watch as redraw
+    from tasks.ranges.paging import InvalidPage, PartitionQuery
 
     if as_json and watch is not None:
         raise click.UsageError("--json and --watch do not go together: poll --json instead")
+    try:
+        query = PartitionQuery.parse(job, states, owner, slowest, limit, after)
+    except InvalidPage as exc:
+        fail(f"status: {exc}")
     with open_resources() as res:
         require_tables(res)
         require_redis(res)
         if as_json:
-            click.echo(json.dumps(_snapshot_json(res, job), sort_keys=True, default=str))
+            click.echo(json.dumps(_snapshot_json(res, query), sort_keys=True, default=str))
             return
         console = console_for()
         if watch is None:
-            console.print(_snapshot(res, job, console.width))
+            console.print(_snapshot(res, query, console.width))
             return
-        redraw(console, lambda: _snapshot(res, job, console.width), watch)
+        redraw(console, lambda: _snapshot(res, query, console.width), watch)
 
 
-def _views(res: Resources, job: str | None) -> tuple[Any, Any, Any, int]:
+def _views(res: Resources, query: PartitionQuery) -> tuple[Any, Any, Any, int]:
     from tasks.deadletters.view import letters_view
-    from tasks.ranges.status import partitions, summarize
+    from tasks.ranges.paging import partition_page
+    from tasks.ranges.status import job_summaries
     from tasks.restock.clock import wall_ms
     from tasks.restock.settings import restock_settings
     from tasks.restock.shards import stock_shards
     from tasks.restock.status import shard_views
 
-    views = partitions(res.sessions, job)
+    page = partition_page(res.sessions, query)
     now = wall_ms()
     queues = restock_settings(res.settings).queue_names
     nodes = shard_views(res.sessions, stock_shards(res), queues, now)
-    return (views, summarize(views, res.sessions), (nodes, letters_view(res.sessions)), now)
+    return (page, job_summaries(res.sessions, query.job), (nodes, letters_view(res.sessions)),
+            now)
 
 
-def _snapshot(res: Resources, job: str | None, width: int) -> RenderableType:
+def _snapshot(res: Resources, query: PartitionQuery, width: int) -> RenderableType:
     from tasks.cli.render import status_renderable
 
-    views, summaries, (nodes, letters), now = _views(res, job)
-    return status_renderable(views, summaries, nodes, letters, now, width, job)
+    page, summaries, (nodes, letters), now = _views(res, query)
+    return status_renderable(page, summaries, nodes, letters, now, width)
 
 
-def _snapshot_json(res: Resources, job: str | None) -> dict[str, Any]:
+def _snapshot_json(res: Resources, query: PartitionQuery) -> dict[str, Any]:
     from tasks.deadletters.view import letters_json
-    from tasks.ranges.status import ranges_json
+    from tasks.ranges.paging import ranges_json
     from tasks.restock.status import shards_json
 
-    views, summaries, (nodes, letters), now = _views(res, job)
-    return {**ranges_json(views, summaries), "restock_nodes": shards_json(nodes, now),
+    page, summaries, (nodes, letters), now = _views(res, query)
+    return {**ranges_json(summaries, page), "restock_nodes": shards_json(nodes, now),
             "dead_letters": letters_json(letters)}

@@ -23,12 +23,13 @@ from tasks.store.db import utcnow
 if TYPE_CHECKING:
     from tasks.deadletters.store import Summary
     from tasks.deadletters.view import LettersView
+    from tasks.ranges.paging import PartitionPage
     from tasks.ranges.status import JobSummary, PartitionView
     from tasks.restock.status import ShardView
 
 __all__ = ["console_for", "PIPED_WIDTH", "COMPACT_BELOW", "quote_text", "jobs_table",
-           "partitions_table", "shards_table", "letters_renderable", "letters_table",
-           "status_renderable", "watch"]
+           "partitions_table", "page_renderable", "shards_table", "letters_renderable",
+           "letters_table", "status_renderable", "watch"]
 
 # Width of a console whose output is piped: wide enough that no table row is wrapped or cut,
 # so each row is one line a script can read (`--json` is the format meant for programs).
@@ -93,6 +94,35 @@ def partitions_table(views: Sequence[PartitionView], width: int = 10_000,
                       str(v.checkpoint), str(v.rows_done), f"{v.rows_per_s:,.0f}", str(v.fence),
                       str(v.takeovers))
     return table
+
+
+def page_renderable(page: PartitionPage, width: int = 10_000) -> RenderableType:
+    """One page of partitions and a line under it: how many of how many match, and the flags
+    that show the next and previous pages."""
+    query = page.query
+    if page.total == 0 and query.filtered:
+        return Text(f"no partition matches ({_filter_words(page)})")
+    if page.total == 0:
+        return partitions_table([], width, query.job)
+    shown = f"{len(page.partitions):,} of {page.total:,} partitions"
+    if query.filtered:
+        shown += f" ({_filter_words(page)})"
+    steps = [f"next page: --after {page.next}" if page.next is not None else "last page"]
+    if page.prev is not None:
+        steps.append("previous page: " + (f"--after {page.prev}" if page.prev else
+                                          "without --after"))
+    return Group(partitions_table(page.partitions, width, query.job),
+                 Text(f"{shown}; " + "; ".join(steps)))
+
+
+def _filter_words(page: PartitionPage) -> str:
+    query = page.query
+    words = ["slowest running first"] if query.slowest else []
+    if query.states:
+        words.append("state " + " or ".join(query.states))
+    if query.owner:
+        words.append(f"owner {query.owner}*")
+    return ", ".join(words)
 
 
 def _compact_table(job: str, views: Sequence[PartitionView]) -> Table:
@@ -174,13 +204,13 @@ def letters_table(letters: Sequence[Summary]) -> Table:
 
 # -- status ----------------------------------------------------------------------------------
 
-def status_renderable(views: Sequence[PartitionView], summaries: Sequence[JobSummary],
+def status_renderable(page: PartitionPage, summaries: Sequence[JobSummary],
                       nodes: Sequence[ShardView], letters: LettersView, now_ms: int,
-                      width: int, job: str | None = None) -> RenderableType:
-    """`python -m tasks status`: the jobs (when any), the partitions, the restock shards and the
-    dead letters."""
+                      width: int) -> RenderableType:
+    """`python -m tasks status`: the jobs (when any), a page of partitions, the restock shards
+    and the dead letters."""
     parts = [jobs_table(summaries)] if summaries else []
-    return Group(*parts, partitions_table(views, width, job), shards_table(nodes, now_ms),
+    return Group(*parts, page_renderable(page, width), shards_table(nodes, now_ms),
                  letters_renderable(letters))
 
 

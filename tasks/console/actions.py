@@ -25,9 +25,11 @@ from tasks.config.settings import redact
 from tasks.store.resources import Resources, resources_for
 
 if TYPE_CHECKING:
+    from tasks.ranges.paging import PartitionQuery
     from tasks.ranges.status import JobSummary
 
-__all__ = ["Refused", "Unavailable", "VERBS", "load_jobs", "jobs_overview", "job_detail",
+__all__ = ["Refused", "Unavailable", "BadRequest", "VERBS", "load_jobs", "jobs_overview",
+           "partition_filters", "partition_query", "job_detail",
            "control", "restock_overview", "letters", "letter", "replay", "purge",
            "purge_older", "flower_link"]
 
@@ -41,6 +43,11 @@ class Refused(Exception):
 
 class Unavailable(Exception):
     """Redis, the database or the broker did not answer; nothing was changed."""
+
+
+class BadRequest(Exception):
+    """A request's values name nothing the platform can answer (a filter or page that does not
+    exist); nothing was read. The message says which value and what is accepted."""
 
 
 def _res() -> Resources:
@@ -81,10 +88,9 @@ def jobs_overview() -> list[dict[str, Any]]:
 
 def _jobs_overview() -> list[dict[str, Any]]:
     from tasks.ranges.jobs import registered_jobs
-    from tasks.ranges.status import JobSummary, partitions, summarize
+    from tasks.ranges.status import JobSummary, job_summaries
 
-    sessions = _res().sessions
-    summaries = {s.job: s for s in summarize(partitions(sessions), sessions)}
+    summaries = {s.job: s for s in job_summaries(_res().sessions)}
     return [_summary_json(summaries.get(job.name) or JobSummary.never_started(job.name))
             for job in registered_jobs()]
 
@@ -96,25 +102,50 @@ def _summary_json(s: JobSummary) -> dict[str, Any]:
             "eta": s.eta}
 
 
-def job_detail(job: str) -> dict[str, Any]:
-    """A job's summary, a bar per partition and its run history (newest first)."""
-    return _guarded(lambda: _job_detail(job))  # type: ignore[no-any-return]
+def partition_filters() -> tuple[str, ...]:
+    """The job page's filter links: all (""), each partition state, and the slowest."""
+    from tasks.ranges.paging import STATES
+
+    return ("", *STATES, "slowest")
 
 
-def _job_detail(job: str) -> dict[str, Any]:
+def partition_query(states: list[str], owner: str | None, slowest: str, limit: str | None,
+                    after: str | None) -> PartitionQuery:
+    """A page of a job's partitions from the job page's query string (`python -m tasks
+    status`'s flags); `BadRequest` when a value names no page."""
+    from tasks.ranges.paging import InvalidPage, PartitionQuery
+
+    try:
+        return PartitionQuery.parse(None, states, owner, slowest, limit, after)
+    except InvalidPage as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def job_detail(job: str, query: PartitionQuery) -> dict[str, Any]:
+    """A job's summary with its totals per partition state, one page of its partitions (the
+    page `query` asks for; its job is this one) and its run history (newest first)."""
+    return _guarded(lambda: _job_detail(job, query))  # type: ignore[no-any-return]
+
+
+def _job_detail(job: str, query: PartitionQuery) -> dict[str, Any]:
+    from dataclasses import replace
+
     from tasks.ranges.jobs import get_job
+    from tasks.ranges.paging import partition_page
     from tasks.ranges.runs import events_of, runs_of
-    from tasks.ranges.status import partitions
+    from tasks.ranges.status import JobSummary, job_summaries
 
     name = get_job(job).name
     sessions = _res().sessions
-    summary = next((j for j in _jobs_overview() if j["job"] == name), None)
+    summary = next(iter(job_summaries(sessions, name)), None) or JobSummary.never_started(name)
+    page = partition_page(sessions, replace(query, job=name))
     parts = [{**v.as_dict(), "share": v.share, "rows_per_s": round(v.rows_per_s, 1)}
-             for v in partitions(sessions, name)]
+             for v in page.partitions]
     found = runs_of(sessions, name, 20)
     events = events_of(sessions, [r.id for r in found])
     runs = [{**r.as_dict(), "events": [e.as_dict() for e in events[r.id]]} for r in found]
-    return {"job": summary, "partitions": parts, "runs": runs}
+    return {"job": _summary_json(summary), "partitions": parts, "page": page.as_dict(),
+            "runs": runs}
 
 
 def control(verb: str, job: str, actor: str, rows_per_s: str | None = None) -> dict[str, Any]:

@@ -135,7 +135,10 @@ class JobsPage(PageHandler):
 
 class JobPage(PageHandler):
     def page(self, *args: str) -> tuple[str, dict[str, Any]]:
-        return "job.html", {"page": "job", "job": args[0], "verbs": actions.VERBS}
+        shown = "slowest" if self.get_argument("slowest", "") else self.get_argument("state", "")
+        return "job.html", {"page": "job", "job": args[0], "verbs": actions.VERBS,
+                            "filters": actions.partition_filters(), "shown": shown,
+                            "owner": self.get_argument("owner", "")}
 
 
 class RestockPage(PageHandler):
@@ -178,8 +181,19 @@ class JobsApi(ApiHandler):
 
 
 class JobApi(ApiHandler):
+    """A job's summary, one page of its partitions and its runs. The page comes from the query
+    string (`state`, `owner`, `slowest`, `limit`, `after`: `python -m tasks status`'s flags);
+    a value that names no page is 400 with the reason."""
+
     async def get(self, job: str) -> None:
-        await self.answer(lambda: actions.job_detail(job))
+        try:
+            query = actions.partition_query(
+                self.get_arguments("state"), self.get_argument("owner", None),
+                self.get_argument("slowest", ""), self.get_argument("limit", None),
+                self.get_argument("after", None))
+        except actions.BadRequest as exc:
+            raise HTTPError(400, reason=_one_line(exc)) from None
+        await self.answer(lambda: actions.job_detail(job, query))
 
 
 class ControlApi(ApiHandler):

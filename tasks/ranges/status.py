@@ -1,7 +1,11 @@
-"""The range jobs' status view, plain data: a summary per job and every partition. The CLI draws
-it (`tasks.cli.render`), `python -m tasks status --json` and the console serialise it.
+"""The range jobs' status view, plain data: a summary per job, with totals per partition state.
+The CLI draws it (`tasks.cli.render`), `python -m tasks status --json` and the console
+serialise it; the partitions themselves are listed a page at a time (`tasks.ranges.paging`,
+which also writes the range part of `status --json`).
 
-A job's progress is read from its partitions (one query, no scan of the job's table):
+A job's progress is read from its partitions by one aggregate query (GROUP BY job and state:
+its cost is one pass of the index, its answer a few rows per job however many partitions
+there are; no scan of the job's table):
 
 - rows done: the rows its partitions processed (`rows_done`, committed with each batch);
 - ids walked of ids planned: the planned id space (`hi - lo + 1` of every partition) is an
@@ -15,21 +19,24 @@ A job's progress is read from its partitions (one query, no scan of the job's ta
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
 
 from tasks.ranges.tables import WORK, PartitionStatus
 from tasks.ranges.workrow import every_partition
 
-__all__ = ["PartitionView", "JobSummary", "partitions", "summarize", "ranges_json",
-           "format_eta"]
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Row
+
+__all__ = ["PartitionView", "StateTotals", "JobSummary", "view_of", "partitions",
+           "job_summaries", "summarize", "format_eta"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,18 @@ class PartitionView:
 
 
 @dataclass(frozen=True)
+class StateTotals:
+    """The partitions of one job in one state, added up: how many, their rows done, the ids
+    they plan and the ids walked, and (running ones only) their rows/s."""
+
+    partitions: int
+    rows_done: int
+    ids_planned: int
+    ids_walked: int
+    rows_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class JobSummary:
     """One range job's progress, read from its partitions."""
 
@@ -95,6 +114,9 @@ class JobSummary:
     partitions: dict[str, int]
     run: int | None = None  # the current run's id, when the job has a run history
     throttle_rows_per_s: float | None = None  # the run's rows/s cap (None: not throttled)
+    # Per partition state: its totals (`partitions` above is their counts, kept for readers of
+    # the shape before issue 20).
+    states: dict[str, StateTotals] = field(default_factory=dict)
 
     @classmethod
     def never_started(cls, job: str) -> JobSummary:
@@ -119,52 +141,100 @@ class JobSummary:
         return asdict(self)
 
 
+def view_of(r: Row[Any]) -> PartitionView:
+    """The view of one work row (a `SELECT` of `WORK`'s columns)."""
+    return PartitionView(r.job, r.part, r.lo, r.hi, r.status, r.owner, r.next_id, r.rows_done,
+                         r.rate, r.fence, r.claims, r.error, r.heartbeat_at,
+                         getattr(r, "throttled_until", None))
+
+
 def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[PartitionView]:
-    """Every range partition (of `job`, when given), ordered by job and part: one query."""
+    """Every range partition (of `job`, when given), ordered by job and part: one query. For
+    tests and small jobs; operators' views read a page (`tasks.ranges.paging`)."""
     query = select(WORK).where(every_partition()).order_by(WORK.c.job, WORK.c.part)
     if job is not None:
         query = query.where(WORK.c.job == job)
     with sessions() as session:
         rows = session.execute(query).all()
-    return [PartitionView(r.job, r.part, r.lo, r.hi, r.status, r.owner, r.next_id, r.rows_done,
-                          r.rate, r.fence, r.claims, r.error, r.heartbeat_at,
-                          getattr(r, "throttled_until", None)) for r in rows]
+    return [view_of(r) for r in rows]
+
+
+def _ids_walked() -> ColumnElement[int]:
+    """`PartitionView.ids_walked` in SQL: whole once finished, else checkpoint - lo within
+    0..size."""
+    w = WORK.c
+    size, behind = w.hi - w.lo + 1, w.next_id - w.lo
+    return case((w.status.in_((PartitionStatus.DONE, PartitionStatus.EMPTY)), size),
+                (behind < 0, 0), (behind > size, size), else_=behind)
+
+
+def job_summaries(sessions: sessionmaker[Session], job: str | None = None
+                  ) -> list[JobSummary]:
+    """A summary per job that has partitions (only `job`, when given), ordered by job: one
+    GROUP BY query over the work rows, then the current run of each job."""
+    w = WORK.c
+    query = (select(w.job, w.status, func.count(), func.sum(w.rows_done),
+                    func.sum(w.hi - w.lo + 1), func.sum(_ids_walked()), func.sum(w.rate))
+             .where(every_partition()).group_by(w.job, w.status))
+    if job is not None:
+        query = query.where(w.job == job)
+    with sessions() as session:
+        rows = session.execute(query).all()
+    totals: dict[str, dict[str, StateTotals]] = {}
+    for name, state, count, rows_done, planned, walked, rate in rows:
+        running = state == PartitionStatus.RUNNING
+        totals.setdefault(name, {})[state] = StateTotals(
+            int(count), int(rows_done or 0), int(planned or 0), int(walked or 0),
+            float(rate or 0.0) if running else 0.0)
+    return _summaries(totals, sessions)
 
 
 def summarize(views: Sequence[PartitionView],
               sessions: sessionmaker[Session] | None = None) -> list[JobSummary]:
-    """A summary per job of `views` (the run's state and throttle from the run history when
-    `sessions` is given and the job has a run)."""
-    by_job: dict[str, list[PartitionView]] = {}
+    """A summary per job of `views`, added up in Python the way `job_summaries` adds them up
+    in SQL (the run's state and throttle from the run history when `sessions` is given)."""
+    totals: dict[str, dict[str, StateTotals]] = {}
     for v in views:
-        by_job.setdefault(v.job, []).append(v)
+        states = totals.setdefault(v.job, {})
+        seen = states.get(v.status, StateTotals(0, 0, 0, 0))
+        rate = v.rows_per_s if v.status == PartitionStatus.RUNNING else 0.0
+        states[v.status] = StateTotals(seen.partitions + 1, seen.rows_done + v.rows_done,
+                                       seen.ids_planned + v.hi - v.lo + 1,
+                                       seen.ids_walked + v.ids_walked, seen.rows_per_s + rate)
+    return _summaries(totals, sessions)
+
+
+def _summaries(totals: dict[str, dict[str, StateTotals]],
+               sessions: sessionmaker[Session] | None) -> list[JobSummary]:
     current_run = _run_reader(sessions)
-    summaries = []
-    for job, parts in by_job.items():
-        states = Counter(v.status for v in parts)
-        rows = sum(v.rows_done for v in parts)
-        walked = sum(v.ids_walked for v in parts)
-        planned = sum(v.hi - v.lo + 1 for v in parts)
-        rate = sum(v.rows_per_s for v in parts if v.status == PartitionStatus.RUNNING)
-        eta = None
-        if rate > 0 and rows > 0 and walked < planned:
-            eta = (planned - walked) / (rate * walked / rows)
-        run = current_run(job) if current_run is not None else None
-        state = getattr(run, "state", None) or _derived_state(states)
-        summaries.append(JobSummary(job, str(state), rows, walked, planned, rate, eta,
-                                    dict(sorted(states.items())), getattr(run, "id", None),
-                                    getattr(run, "rows_per_s", None)))
-    return summaries
+    return [_summary(job, states, current_run(job) if current_run is not None else None)
+            for job, states in sorted(totals.items())]
 
 
-def _derived_state(states: Counter[str]) -> str:
-    """A job's state when no run is recorded: from its partitions' states."""
-    if states[PartitionStatus.RUNNING]:
+def _summary(job: str, states: dict[str, StateTotals], run: Any) -> JobSummary:
+    """A job's summary from its totals per state and its current run (None: none recorded)."""
+    rows = sum(s.rows_done for s in states.values())
+    walked = sum(s.ids_walked for s in states.values())
+    planned = sum(s.ids_planned for s in states.values())
+    rate = sum(s.rows_per_s for s in states.values())
+    eta = None
+    if rate > 0 and rows > 0 and walked < planned:
+        eta = (planned - walked) / (rate * walked / rows)
+    counts = {state: states[state].partitions for state in sorted(states)}
+    state = getattr(run, "state", None) or _derived_state(counts)
+    return JobSummary(job, str(state), rows, walked, planned, rate, eta, counts,
+                      getattr(run, "id", None), getattr(run, "rows_per_s", None),
+                      {state: states[state] for state in sorted(states)})
+
+
+def _derived_state(states: dict[str, int]) -> str:
+    """A job's state when no run is recorded: from its partitions' counts per state."""
+    if states.get(PartitionStatus.RUNNING):
         return "running"
     open_states = [s for s in states if s not in PartitionStatus.FINISHED]
     if open_states:
         return "pending" if set(open_states) == {PartitionStatus.PENDING} else open_states[0]
-    return "failed" if states[PartitionStatus.FAILED] else "done"
+    return "failed" if states.get(PartitionStatus.FAILED) else "done"
 
 
 def _run_reader(sessions: sessionmaker[Session] | None) -> Callable[[str], Any] | None:
@@ -190,10 +260,3 @@ def format_eta(seconds: float | None) -> str:
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes \
         else f"{secs}s"
-
-
-def ranges_json(views: Sequence[PartitionView], summaries: Sequence[JobSummary]
-                ) -> dict[str, Any]:
-    """The `jobs` and `partitions` of `status --json`."""
-    return {"jobs": [s.as_dict() for s in summaries],
-            "partitions": [v.as_dict() for v in views]}

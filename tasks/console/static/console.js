@@ -115,11 +115,60 @@
       num(r.rows), td(r.rows_per_s ? `${r.rows_per_s} rows/s` : "-", "num"), td(events));
   }
 
+  // The job page's filter and page, from its own address: the API takes the same names.
+  const PAGE_PARAMS = ["state", "owner", "slowest", "limit", "after"];
+
+  function pageParams(after) {
+    const here = new URLSearchParams(window.location.search);
+    const out = new URLSearchParams();
+    PAGE_PARAMS.forEach((key) => here.getAll(key).filter((v) => v !== "")
+      .forEach((v) => out.append(key, v)));
+    if (after !== undefined) {
+      out.delete("after");
+      if (after !== "") out.set("after", after);
+    }
+    return out;
+  }
+
+  // One segment per partition state (its width the state's count), never one per partition.
+  function stateBar(j) {
+    const states = Object.entries((j && j.states) || {});
+    const name = encodeURIComponent(j ? j.job : "");
+    return states.map(([state, t]) => {
+      const seg = el("a", { className: `seg state-${state}`, href: `/jobs/${name}?state=${state}`,
+        title: `${t.partitions} ${state}`, dataset: { state: state, count: t.partitions } });
+      seg.style.flexGrow = String(t.partitions);
+      return seg;
+    });
+  }
+
+  function stateTotals(j) {
+    return Object.entries((j && j.states) || {}).map(([state, t]) =>
+      `${Number(t.partitions).toLocaleString("en")} ${state}` +
+      ` (${Number(t.rows_done).toLocaleString("en")} rows` +
+      `${t.rows_per_s ? `, ${Math.round(t.rows_per_s).toLocaleString("en")} rows/s` : ""})`)
+      .join(" · ") || "no partitions";
+  }
+
+  function pager(page) {
+    document.getElementById("page-info").textContent =
+      `${page.shown.toLocaleString("en")} of ${page.total.toLocaleString("en")} partitions` +
+      (page.slowest ? ", slowest first" : "");
+    [["prev", page.prev], ["next", page.next]].forEach(([id, cursor]) => {
+      const link = document.getElementById(id);
+      link.hidden = cursor === null;
+      if (cursor !== null) link.href = `?${pageParams(cursor)}`;
+    });
+  }
+
   async function job() {
     const name = document.getElementById("job").dataset.job;
-    const data = await getJson(`/api/jobs/${encodeURIComponent(name)}`);
+    const data = await getJson(`/api/jobs/${encodeURIComponent(name)}?${pageParams()}`);
     document.getElementById("summary").replaceChildren(...summary(data.job));
+    document.getElementById("states").replaceChildren(...stateBar(data.job));
+    document.getElementById("state-totals").textContent = stateTotals(data.job);
     fill(document.querySelector("#partitions tbody"), data.partitions.map(partRow));
+    pager(data.page);
     fill(document.querySelector("#runs tbody"), data.runs.map(runRow));
   }
 
