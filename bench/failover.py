@@ -2,11 +2,14 @@
 
 How long a range partition stays unworked when its worker goes away, on real processes: a
 control worker (`-Q control,restock`, which runs the reconcile rounds), a beat, and range
-workers (`-Q ranges,celery`, one slot each), as the Procfile runs them. Three phases, each a
+workers (`-Q ranges,celery`, one slot each), as the Procfile runs them. Four phases, each a
 fresh `cm_data` run whose batches sleep `--batch-s` so partitions last long enough to act on:
 
 - crash: kill -9 (the whole worker) the owner of a running partition while another range
   worker is free; the time until a newer owner commits a batch of that partition;
+- pool crash: kill -9 only the pool process running such a partition (the OOM killer's way),
+  its worker's main process alive, which hands the partition back at once
+  (tasks.ranges.poolexit); the same time;
 - graceful handover: SIGTERM (warm shutdown) such an owner; the same time;
 - saturated crash: the crash again, while every other range slot is busy and fresh
   partitions wait in the `ranges` queue.
@@ -202,7 +205,7 @@ def _prepare(engine: Engine, rows: int) -> None:
 
 def run_phase(engine: Engine, env: dict[str, str], logs: Path, name: str, *,
               workers: int, parts: int, part_seconds: float, busy: int,
-              act: Callable[[Fleet, str], None], knobs: Knobs) -> Outcome:
+              act: Callable[[Fleet, str, Any], None], knobs: Knobs) -> Outcome:
     """One fresh run of `parts` partitions on `workers` range workers: act on the owner of a
     running partition once `busy` range workers run partitions; time the takeover."""
     per_part = knobs.rows_for(part_seconds)
@@ -219,7 +222,7 @@ def run_phase(engine: Engine, env: dict[str, str], logs: Path, name: str, *,
         victim = phase.owner_worker(row.owner)
         assert victim is not None
         started = time.monotonic()
-        act(phase.fleet, victim)
+        act(phase.fleet, victim, row)
         print(f"  {name}: {victim} (partition {row.part}, fence {row.fence}) acted on; "
               "waiting for a newer owner's commit", flush=True)
         limit = 10 * knobs.failover_bound + 30 * part_seconds + 120
@@ -266,11 +269,18 @@ def _client(env: dict[str, str]) -> Any:
     return client
 
 
-def _crash(fleet: Fleet, worker: str) -> None:
+def _crash(fleet: Fleet, worker: str, _row: Any) -> None:
     fleet.kill(worker)  # SIGKILL to the worker's whole process group: main and pool
 
 
-def _term(fleet: Fleet, worker: str) -> None:
+def _pool_crash(fleet: Fleet, worker: str, row: Any) -> None:
+    """SIGKILL to the pool process holding `row` (its owner, `name@host:pid`), not its worker."""
+    pid = int(row.owner.rsplit(":", 1)[1])
+    assert pid != fleet.procs[worker].pid, "the owner is a pool process, not the worker"
+    os.kill(pid, signal.SIGKILL)
+
+
+def _term(fleet: Fleet, worker: str, _row: Any) -> None:
     os.kill(fleet.procs[worker].pid, signal.SIGTERM)  # warm shutdown
 
 
@@ -285,6 +295,9 @@ def measure(engine: Engine, env: dict[str, str], logs: Path, knobs: Knobs) -> di
           f"{knobs.interval:g} s:", flush=True)
     crash = run_phase(engine, env, logs, "crash", workers=2, parts=1, part_seconds=single,
                       busy=1, act=_crash, knobs=knobs)
+    print("pool process crash (kill -9 of the pool process, its worker alive):", flush=True)
+    pool = run_phase(engine, env, logs, "pool", workers=2, parts=1, part_seconds=single,
+                     busy=1, act=_pool_crash, knobs=knobs)
     print("graceful handover (SIGTERM, a range worker free):", flush=True)
     term = run_phase(engine, env, logs, "term", workers=2, parts=1, part_seconds=single,
                      busy=1, act=_term, knobs=knobs)
@@ -293,10 +306,11 @@ def measure(engine: Engine, env: dict[str, str], logs: Path, knobs: Knobs) -> di
     saturated = run_phase(engine, env, logs, "saturated", workers=knobs.range_workers,
                           parts=knobs.range_workers + 4, part_seconds=short,
                           busy=knobs.range_workers, act=_crash, knobs=knobs)
-    phases = (crash, term, saturated)
+    phases = (crash, pool, term, saturated)
     return {
         "lease_ttl_s": knobs.ttl, "reconcile_interval_s": knobs.interval,
         "crash_failover_s": round(crash.seconds, 2),
+        "pool_crash_failover_s": round(pool.seconds, 2),
         "graceful_handover_s": round(term.seconds, 2),
         "saturated_crash_failover_s": round(saturated.seconds, 2),
         "rows_lost": sum(p.lost for p in phases),

@@ -28,7 +28,8 @@ __all__ = [
 
 # lease:{NAME} -> the holder's random token. TTL: the lease TTL, extended by the holder's
 # Keeper while it shows progress. Owner: whoever holds the token; written only by
-# lease/lua/{acquire,renew,renew_many,release}.lua.
+# lease/lua/{acquire,renew,renew_many,release}.lua, and deleted by lease/lua/revoke.lua for a
+# holder known to be gone (Leases.revoke: only the lease of the acquire with that fence).
 LEASE_PREFIX = "lease:"
 
 # fence:{NAME} -> integer fencing counter, INCRed by every successful acquire. No TTL: it must

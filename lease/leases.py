@@ -189,6 +189,25 @@ class Leases:
     def _do_wait(self, name: str, seconds: float) -> None:
         self.client.blpop([wake_key(name)], timeout=round(seconds, 3))
 
+    def revoke(self, name: str, fence: int) -> bool:
+        """End lease `name` for a holder known to be gone, if the lease is still the one
+        handed out with `fence`; True if it was. The caller is not the holder: it saw the
+        holder's process exit (a worker's main process seeing a pool process die), so nobody
+        will renew or release the lease and it would otherwise block everyone for its TTL.
+
+        Only the lease of that acquire ends: a later acquire INCRs the counter past `fence`,
+        and a free lease stays free. A revoke frees the lease, nothing more; what the gone
+        holder wrote is guarded by `fence` in the store, so a holder that was in fact alive
+        writes nothing once the next holder's newer fence is in the store.
+        """
+        keys = acquire_keys(name)  # ValueError for a bad name
+        scripts = self._scripts
+        revoked = scripts.run(scripts.revoke, [*keys, waiting_key(name), wake_key(name)],
+                              [int(fence), WAKE_TTL_MS]) == 1
+        if revoked:
+            log.debug("lease %r (fence %d) revoked", name, fence)
+        return revoked
+
     def current_fence(self, name: str) -> int:
         """The latest fence handed out for `name` (the current holder's, if held); 0 if none."""
         value = self.client.get(fence_key(validate_name(name)))

@@ -11,8 +11,8 @@ from typing import Any
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-__all__ = ["load_lua", "run_script", "ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "TOKEN_CHARS",
-           "LeaseScripts", "ms"]
+__all__ = ["load_lua", "run_script", "ACQUIRE", "RELEASE", "RENEW", "RENEW_MANY", "REVOKE",
+           "TOKEN_CHARS", "LeaseScripts", "ms"]
 
 # Every lease token is this many hex characters (secrets.token_hex(TOKEN_CHARS // 2)):
 # renew_many.lua finds each lease's token in one concatenated argument by this length.
@@ -47,10 +47,11 @@ ACQUIRE = load_lua(__package__, "acquire")
 RENEW = load_lua(__package__, "renew")
 RENEW_MANY = load_lua(__package__, "renew_many")
 RELEASE = load_lua(__package__, "release")
+REVOKE = load_lua(__package__, "revoke")
 
 
 class LeaseScripts:
-    """The four lease scripts registered on one client with ``client.register_script``.
+    """The five lease scripts registered on one client with ``client.register_script``.
 
     Run them with ``run(script, keys, args)`` (`run_script` on this client).
     """
@@ -61,6 +62,7 @@ class LeaseScripts:
         self.renew = client.register_script(RENEW)
         self.renew_many = client.register_script(RENEW_MANY)
         self.release = client.register_script(RELEASE)
+        self.revoke = client.register_script(REVOKE)
 
     def run(
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes | int]

@@ -15,8 +15,9 @@ from tests.support.db import DATABASES
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env
 
-KEYS = {"lease_ttl_s", "reconcile_interval_s", "crash_failover_s", "graceful_handover_s",
-        "saturated_crash_failover_s", "rows_lost", "rows_duplicated", "broker"}
+KEYS = {"lease_ttl_s", "reconcile_interval_s", "crash_failover_s", "pool_crash_failover_s",
+        "graceful_handover_s", "saturated_crash_failover_s", "rows_lost", "rows_duplicated",
+        "broker"}
 
 
 @pytest.mark.timeout(240)
@@ -35,10 +36,11 @@ def test_bench_failover_takes_over_every_way_and_loses_nothing(
     assert (result["lease_ttl_s"], result["reconcile_interval_s"]) == (1.5, 0.5)
     assert result["rows_lost"] == result["rows_duplicated"] == 0
     assert result["broker"] == "redis"
-    for key in ("crash_failover_s", "graceful_handover_s", "saturated_crash_failover_s"):
+    for key in ("crash_failover_s", "pool_crash_failover_s", "graceful_handover_s",
+                "saturated_crash_failover_s"):
         assert result[key] > 0, result
     # Progress is printed as it goes, one line per step of each phase.
-    assert sum("taken over after" in line for line in lines) == 3
+    assert sum("taken over after" in line for line in lines) == 4
     # With every range worker busy and fresh partitions queued, a running holder adopts the
     # dead one's partition instead of leaving it behind the queue.
     assert any("saturated: taken over" in line and "adopted by a running holder" in line
@@ -46,3 +48,5 @@ def test_bench_failover_takes_over_every_way_and_loses_nothing(
     # A crash waits for the lease to lapse; a warm shutdown hands over without waiting.
     assert result["crash_failover_s"] >= 1.0
     assert result["graceful_handover_s"] < result["crash_failover_s"]
+    # A pool process's death is handed back by its worker's main process: no TTL to wait for.
+    assert result["pool_crash_failover_s"] < result["crash_failover_s"]

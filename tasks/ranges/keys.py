@@ -10,7 +10,9 @@ names become keys through `lease.keys.lease_key`.
     range-throttle:{JOB}          the job's throttle (GCRA theoretical arrival time, ms); PX
                                   set to just past that time by gate.lua
     range-orphans:{JOB}           set of the job's partitions whose holder died, dispatched
-                                  again by the reconciler, for a running holder to adopt
+                                  again by the reconciler (or handed back by the worker of
+                                  a dead pool process, tasks.ranges.poolexit), for a
+                                  running holder to adopt
                                   (gate.lua pops one); TTL twice the reconciler's grace; a
                                   holder's first gate call removes its own partition
     range-outage:{JOB}:PART       the fence of a holder that stopped for a database outage

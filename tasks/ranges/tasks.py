@@ -25,6 +25,7 @@ from tasks.celery import app, settings
 from tasks.ranges.closing import nothing_open
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
+from tasks.ranges.poolexit import PartitionRequest, holder_name
 from tasks.ranges.reconciler import (
     Round,
     active_jobs,
@@ -153,9 +154,12 @@ def _close_if_last(job: str) -> None:
         log.info("range %s: closing round left to beat (%s)", job, type(exc).__name__)
 
 
-@app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True)
+@app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True,
+          Request=PartitionRequest)
 def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
-    """Work partition `part` of `job` under its lease (a duplicate delivery exits at once)."""
+    """Work partition `part` of `job` under its lease (a duplicate delivery exits at once).
+    If its pool process dies, the worker's main process hands its partitions back at once
+    (`tasks.ranges.poolexit`)."""
     validate_job_name(job)
     part = validate_part(part)
     found = get_job(job)
@@ -180,7 +184,7 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
         runner = PartitionRunner(
             found, number, sessions=res.sessions, leases=res.leases,
             lease_ttl=settings.lease_ttl,
-            owner=f"{self.request.hostname or socket.gethostname()}:{os.getpid()}",
+            owner=holder_name(self.request.hostname or socket.gethostname(), os.getpid()),
             shutdown=shutdown_requested,
             time_slice=range_settings(settings).slice, on_progress=progress,
             crash_cap=settings.redelivery_cap, may_adopt=may_adopt,

@@ -8,7 +8,8 @@ one overtook writes nothing (`FencedOut`).
 A batch's own writes are here too, in the batch's transaction: `checkpoint` (its first write,
 the guard: it moves the checkpoint and the counts), `move_on` (the checkpoint past the rest of
 a batch read `fetch_size` rows at a time), `uncount` (rows a skip policy quarantined), and
-`park_idle` parks a partition nobody holds, fenced by the fence it was seen with.
+`park_idle` parks a partition nobody holds, fenced by the fence it was seen with, and
+`hand_back_dead` hands back the partitions of a pool process that died (`tasks.ranges.poolexit`).
 
 Poison partitions: a claim that finds the row still `running` takes over from a holder that
 never released it (its process died, or it lost the lease or the database). `crashes` counts
@@ -34,7 +35,7 @@ from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
 
 __all__ = ["WorkRow", "DEAD_LETTER_KIND", "RANGE_KIND", "partitions_of", "every_partition",
-           "park_idle"]
+           "park_idle", "hand_back_dead"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -206,6 +207,30 @@ class WorkRow:
         DeadLetters(self.sessions).add(DEAD_LETTER_KIND, f"{self.job.name}:{self.part}", reason, {
             "job": self.job.name, "part": self.part, "lo": claimed.lo, "hi": claimed.hi,
             "checkpoint": claimed.next_id, "crashes": claimed.crashes, "claims": claimed.claims})
+
+
+def hand_back_dead(session: Session, job: str, owner: str, note: str) -> list[tuple[int, int]]:
+    """Hand back, in `session`'s transaction, every partition of `job` that the process
+    `owner` was running when it died; returns each one's (part, fence).
+
+    Each goes back to pending with its fence kept, so its next claim takes a newer one; from
+    this write on no write of the dead holder matches (each needs `running` and its fence).
+    One crash is counted, as the claim of a row left `running` would count it: a partition
+    that keeps killing its pool process is still failed at the redelivery cap. `note` says
+    what happened in the row's `error` until that claim; `dispatched_at` is now (the caller
+    dispatches it), so the reconciler does not send it a second time."""
+    rows = session.execute(select(WORK.c.part, WORK.c.fence).where(
+        partitions_of(job), WORK.c.status == S.RUNNING, WORK.c.owner == owner)).all()
+    handed = []
+    for part, fence in rows:
+        moved = affected(session.execute(update(WORK).where(
+            partitions_of(job), WORK.c.part == part, WORK.c.fence == fence,
+            WORK.c.status == S.RUNNING, WORK.c.owner == owner)
+            .values(status=S.PENDING, owner=None, crashes=WORK.c.crashes + 1, error=note,
+                    throttled_until=None, dispatched_at=utcnow())))
+        if moved == 1:
+            handed.append((int(part), int(fence)))
+    return handed
 
 
 def park_idle(session: Session, job: str, part: int, fence: int, status: str) -> int:

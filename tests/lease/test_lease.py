@@ -303,3 +303,27 @@ def test_a_name_may_carry_its_own_hash_tag(leases: Leases, redis_client: redis.R
     assert leases.current_fence("{node:3}:q1") == lease.fence
     lease.release()
     assert redis_client.exists("lease:{node:3}:q1") == 0
+
+
+def test_revoke_ends_only_the_lease_of_that_fence(leases: Leases,
+                                                  redis_client: redis.Redis) -> None:
+    gone = leases.acquire("r", ttl=30.0)
+    assert not leases.revoke("r", gone.fence + 1)  # not its fence: nothing changes
+    assert redis_client.get(lease_key("r")) == gone.token.encode()
+    assert leases.revoke("r", gone.fence)
+    assert redis_client.exists(lease_key("r")) == 0
+    assert not leases.revoke("r", gone.fence)  # free: stays free
+    later = leases.acquire("r", ttl=30.0)  # at once, not after the 30 s TTL
+    assert later.fence == gone.fence + 1
+    assert not leases.revoke("r", gone.fence)  # a later holder keeps its lease
+    assert redis_client.get(lease_key("r")) == later.token.encode()
+    with pytest.raises(LeaseLost):
+        gone.release()  # the gone holder's own release is refused
+    later.release()
+
+
+def test_revoke_wakes_a_blocked_waiter(leases: Leases, redis_client: redis.Redis) -> None:
+    gone = leases.acquire("w", ttl=30.0)
+    redis_client.set(waiting_key("w"), "1", px=5000)
+    assert leases.revoke("w", gone.fence)
+    assert redis_client.lrange(wake_key("w"), 0, -1) == [b"1"]
