@@ -9,19 +9,22 @@ Timeline of a drain batch, and what each crash point leaves behind::
          member past the cap is dead-lettered instead of run. A member with an earlier
          count was in a batch that never finished: it runs alone, so a poison entry sinks
          only itself
-      3  DB, one transaction: items 'held' -> 'released'; read every item's state
-         (the payment lookup of the whole batch; a paid item stays paid)
-      4  restock.lua(token, batch): per entry maintenance, token, term, offset, then
-         stock += qty and ZREM (with its attempt count and record)   (one round trip)
-      5  DB: SUCCESS items 'released' -> 'restocked'
+      3  DB, one transaction: the previous batch's SUCCESS items 'released' -> 'restocked';
+         this batch's items 'held' -> 'released'; read which of them are paid (the payment
+         lookup of the whole batch; a paid item stays paid)
+      4  restock.lua(token, paid flags, entry texts): maintenance and token once, then per
+         entry term, offset, stock += qty and ZREM (with its attempt count and record)
+         (one round trip)
+      5  the batch's SUCCESS items wait for the next batch's step 3 (the last batch's get a
+         transaction of their own when the drain stops)
 
 A crash after 3 leaves the entries queued and their items released: the next drainer finds
 them unpaid and restocks them. A crash after 4 leaves items 'released' whose stock is back
-(released and restocked both count as returned). restock.lua's offset check makes a repeated
-entry HAS_BEEN_CONSUMED, so nothing is restocked twice, whatever was redelivered. A process
-that dies in a batch (OOM, segfault, SIGKILL) leaves the batch's attempt counts; an entry
-that takes `max_attempts` drainers down with it is dead-lettered (the platform's
-REDELIVERY_CAP), and nothing retries it forever.
+(released and restocked both count as returned), as does a crash before the next step 3.
+restock.lua's offset check makes a repeated entry HAS_BEEN_CONSUMED, so nothing is restocked
+twice, whatever was redelivered. A process that dies in a batch (OOM, segfault, SIGKILL)
+leaves the batch's attempt counts; an entry that takes `max_attempts` drainers down with it
+is dead-lettered (the platform's REDELIVERY_CAP), and nothing retries it forever.
 
 Members are bytes end to end: a member that is not an entry (not UTF-8, wrong fields, another
 queue's) is dead-lettered at once and removed exactly as stored. An entry restock.lua cannot
@@ -43,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import BindParameter
 
 from lease import LeaseLost, NotAcquired
 from tasks.deadletters.store import DeadLetters
@@ -68,6 +72,21 @@ MAX_ATTEMPTS = 3  # the seed's "retry three times"; then dead-letter instead of 
 # A dead letter keeps a member whole up to this many bytes (an entry is far shorter), a prefix
 # of anything longer.
 LETTER_ENTRY_LIMIT = 1024
+
+
+# The drain's statements, built once: an expanding bind parameter takes a batch's ids without
+# building (and cache-keying) a hundred literals per statement per batch.
+_IDS: BindParameter[list[str]] = bindparam("ids", expanding=True)
+_RELEASE = (update(ORDER_ITEMS)
+            .where(ORDER_ITEMS.c.order_item_id.in_(_IDS),
+                   ORDER_ITEMS.c.state.in_((ItemState.RESERVING, ItemState.HELD)))
+            .values(state=ItemState.RELEASED, updated_at=bindparam("now")))
+_PAID = select(ORDER_ITEMS.c.order_item_id).where(ORDER_ITEMS.c.order_item_id.in_(_IDS),
+                                                  ORDER_ITEMS.c.state == ItemState.PAID)
+_RESTOCKED = (update(ORDER_ITEMS)
+              .where(ORDER_ITEMS.c.order_item_id.in_(_IDS),
+                     ORDER_ITEMS.c.state == ItemState.RELEASED)
+              .values(state=ItemState.RESTOCKED, updated_at=bindparam("now")))
 
 
 class DrainOutcome:
@@ -182,6 +201,7 @@ class Drainer:
             report.outcome = DrainOutcome.UNAVAILABLE
             return report
         started = time.monotonic()
+        done: list[str] = []  # restocked items not yet recorded: the next claim records them
         try:
             with lease:
                 while True:
@@ -192,7 +212,7 @@ class Drainer:
                     taken = self.shard.scripts.take(self.shard.number, queue, self.batch)
                     if not taken:
                         break
-                    self._batch(queue, lease.token, taken, report)
+                    self._batch(queue, lease.token, taken, report, done)
                     report.batches += 1
                     lease.heartbeat()
         except _Stop as stop:
@@ -205,10 +225,11 @@ class Drainer:
             log.warning("drain of shard %d queue %s stopped: %s", self.shard.number, queue,
                         exc)
             report.outcome = DrainOutcome.UNAVAILABLE
+        self._record_last(done)
         return report
 
     def _batch(self, queue: str, token: str, taken: list[tuple[bytes, int]],
-               report: DrainReport) -> None:
+               report: DrainReport, done: list[str]) -> None:
         """One batch, its attempts already counted (take.lua): restock; give back the attempts
         of members left unprocessed by anything but the death of this process."""
         pending = dict(taken)
@@ -229,7 +250,7 @@ class Drainer:
                     self._dead_letter(queue, token, member, f"malformed redo entry: {exc}",
                                       report)
             if entries:
-                self._restock_entries(queue, token, entries, pending, report)
+                self._restock_entries(queue, token, entries, pending, report, done)
         finally:
             self._give_back(queue, pending)
 
@@ -258,9 +279,10 @@ class Drainer:
         return entry
 
     def _restock_entries(self, queue: str, token: str, entries: list[tuple[bytes, RedoEntry]],
-                         pending: dict[bytes, int], report: DrainReport) -> None:
+                         pending: dict[bytes, int], report: DrainReport, done: list[str]
+                         ) -> None:
         parsed = [entry for _, entry in entries]
-        paid = self._claim(parsed)
+        paid = self._claim(parsed, done)
         if self.before_restock is not None:
             self.before_restock(parsed)
         batch = [(e, e.order_item_id in paid) for e in parsed]
@@ -281,7 +303,7 @@ class Drainer:
                 member = members[result.entry]
                 self._failed_attempt(queue, token, member, counts[member], result.detail,
                                      report)
-        self._record(results, report)
+        self._record(results, report, done)
 
     def _restock(self, queue: str, token: str, batch: list[tuple[RedoEntry, bool]]
                  ) -> list[RestockResult]:
@@ -306,31 +328,49 @@ class Drainer:
                 self._failed_attempt(queue, token, member, attempts, str(exc), report)
         return results
 
-    def _claim(self, entries: Iterable[RedoEntry]) -> set[str]:
-        """Release the batch's unpaid items in the database; return the paid ones."""
+    def _claim(self, entries: Iterable[RedoEntry], done: list[str]) -> set[str]:
+        """Release the batch's unpaid items in the database; return the paid ones.
+
+        The same transaction records the items of the batch before whose stock is back
+        (`done`, emptied once committed): one transaction per batch, not two. Until then they
+        stay 'released', which counts as returned everywhere (ItemState.RETURNED), the state a
+        crash right after restock.lua always left."""
         ids = sorted({e.order_item_id for e in entries})
         with self.sessions.begin() as session:
             session.connection(execution_options=WRITE_INTENT)
-            session.execute(update(ORDER_ITEMS)
-                            .where(ORDER_ITEMS.c.order_item_id.in_(ids),
-                                   ORDER_ITEMS.c.state.in_((ItemState.RESERVING,
-                                                            ItemState.HELD)))
-                            .values(state=ItemState.RELEASED, updated_at=utcnow()))
-            rows = session.execute(select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.state)
-                                   .where(ORDER_ITEMS.c.order_item_id.in_(ids)))
-            return {row.order_item_id for row in rows if row.state == ItemState.PAID}
+            if done:
+                self._mark_restocked(session, done)
+            session.execute(_RELEASE, {"ids": ids, "now": utcnow()})
+            paid = session.scalars(_PAID, {"ids": ids}).all()
+        done.clear()
+        return set(paid)
 
-    def _record(self, results: list[RestockResult], report: DrainReport) -> None:
-        done = sorted({r.entry.order_item_id for r in results if r.status == SUCCESS})
+    def _record(self, results: list[RestockResult], report: DrainReport, done: list[str]
+                ) -> None:
+        """Count the batch's statuses; its restocked items go to `done`, for the next claim."""
         for r in results:
             if r.action is not Action.FAILED:  # counted as retried or dead-lettered
                 report.statuses[r.status] += 1
-        if done:
+        done.extend({r.entry.order_item_id for r in results if r.status == SUCCESS})
+
+    def _record_last(self, done: list[str]) -> None:
+        """Record the last batch's restocked items (best effort: 'released' counts as
+        returned, so an outage here loses nothing)."""
+        if not done:
+            return
+        try:
             with self.sessions.begin() as session:
-                session.execute(update(ORDER_ITEMS)
-                                .where(ORDER_ITEMS.c.order_item_id.in_(done),
-                                       ORDER_ITEMS.c.state == ItemState.RELEASED)
-                                .values(state=ItemState.RESTOCKED, updated_at=utcnow()))
+                self._mark_restocked(session, done)
+            done.clear()
+        except DBAPIError as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("%d restocked items of shard %d left 'released': %s", len(done),
+                        self.shard.number, exc)
+
+    @staticmethod
+    def _mark_restocked(session: Session, done: list[str]) -> None:
+        session.execute(_RESTOCKED, {"ids": sorted(set(done)), "now": utcnow()})
 
     # failures ----------------------------------------------------------------------------
 

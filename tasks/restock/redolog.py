@@ -46,6 +46,11 @@ _INT_FIELDS = ("redis_id", "offset", "sku_num", "time_ms", "term")
 
 # Canonical decimal only: int() would also take "+5", " 5", "5_0" and non-ASCII digits.
 _INT = re.compile(r"-?[0-9]+")
+# A whole canonical entry in one match (ids without ':', integers without sign or leading
+# zeros): the drainer parses every member it drains, so the common case costs one regex call;
+# anything else takes the field-by-field path, which names the first bad field.
+_NAT = "(0|[1-9][0-9]*)"
+_CANONICAL = re.compile(":".join(_NAT if f in _INT_FIELDS else "([^:]+)" for f in FIELDS))
 
 
 class MalformedEntry(ValueError):
@@ -105,6 +110,11 @@ def parse_entry(text: str | bytes) -> RedoEntry:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise MalformedEntry(f"entry is not UTF-8: {exc}") from None
+    match = _CANONICAL.fullmatch(text)
+    if match:
+        item, shard, queue, offset, sku, num, time_ms, term, member = match.groups()
+        return RedoEntry(item, int(shard), queue, int(offset), sku, int(num), int(time_ms),
+                         int(term), member)
     parts = text.split(":")
     if len(parts) != len(FIELDS):
         raise MalformedEntry(

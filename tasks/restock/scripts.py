@@ -220,8 +220,10 @@ class StockScripts:
         if limit <= 0:
             raise ValueError("limit must be positive")
         reply = self.run(self.take_script, take_keys(shard, queue), [self._now_arg(), limit])
-        members = [m if isinstance(m, bytes) else str(m).encode() for m in reply[0::2]]
-        return list(zip(members, (int(n) for n in reply[1::2]), strict=True))
+        if not reply:
+            return []
+        attempts = int(reply[0])  # one count for the whole batch (take.lua)
+        return [(m if isinstance(m, bytes) else str(m).encode(), attempts) for m in reply[1:]]
 
     def restock(
         self, shard: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],
@@ -247,10 +249,8 @@ class StockScripts:
     ) -> list[RestockResult]:
         keys = restock_keys(shard, queue)
         texts = [format_entry(entry) for entry, _paid in batch]  # reused by the reply check
-        args: list[str | int] = [token]
-        for (entry, paid), text in zip(batch, texts, strict=True):
-            args += [text, entry.order_item_id, entry.sku_id, entry.sku_num, entry.offset,
-                     entry.term, "1" if paid else "0"]
+        flags = "".join("1" if paid else "0" for _entry, paid in batch)
+        args: list[str | int] = [token, flags, *texts]
         # One status per entry; 'FAILED:<reason>' carries its reason.
         statuses = [reply_text(s).partition(":")
                     for s in self.run(self.restock_script, keys, args)]

@@ -6,27 +6,30 @@
 -- ARGV[1]  now: '' = the shard's clock (Redis TIME); a test's shared fake shard clock otherwise
 -- ARGV[2]  limit, the most members to take
 --
--- Returns {member, attempts, member, attempts, ...}: the batch, earliest due first, each member
--- as the raw bytes stored and its attempt count after this one. The batch is every due member
--- (at most `limit`), unless one of them already has a count: a batch that never finished
--- counted it, so it may be what killed that drainer, and it is taken alone (the first such
--- member), so a poison entry sinks only itself. Nothing due: an empty list.
+-- Returns {attempts, member, member, ...}: the batch, earliest due first, each member as the raw
+-- bytes stored, and the attempt count after this one, which is the same for every member of the
+-- batch. The batch is every due member (at most `limit`), unless one of them already has a
+-- count: a batch that never finished counted it, so it may be what killed that drainer, and it
+-- is taken alone (the first such member), so a poison entry sinks only itself. So a batch of
+-- several members holds first attempts only (count 1), and a lone member carries its own count;
+-- one count per batch halves the reply. Nothing due: an empty list.
 local now = ARGV[1]
 if now == '' then
     local time = redis.call('TIME')
     now = string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
 end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-local batch = due
 for i = 1, #due do  -- HEXISTS one by one: unpack() of a large batch would overflow Lua's stack
     if redis.call('HEXISTS', KEYS[2], due[i]) == 1 then
-        batch = {due[i]}
-        break
+        return {redis.call('HINCRBY', KEYS[2], due[i], 1), due[i]}
     end
 end
-local reply = {}
-for i = 1, #batch do
-    reply[2 * i - 1] = batch[i]
-    reply[2 * i] = redis.call('HINCRBY', KEYS[2], batch[i], 1)
+if #due == 0 then
+    return {}
+end
+local reply = {1}
+for i = 1, #due do
+    redis.call('HSET', KEYS[2], due[i], 1)  -- none had a count: the first attempt of each
+    reply[i + 1] = due[i]
 end
 return reply
