@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from redis.exceptions import RedisError
+
 from lease.keys import lease_key
 from tasks.ranges.claims import claim_pending
 from tasks.ranges.jobs import RangeJob
@@ -111,12 +113,15 @@ class Pull:
     def next_part(self) -> int | None:
         """An orphan nobody holds, else the lowest pending partition (reserved); None if
         there is neither."""
-        for _ in range(ORPHAN_TRIES):
-            popped = self.client.spop(range_orphans_key(self.job.name))
-            if popped is None:
-                break
-            orphan = int(popped)
-            if not self.client.exists(lease_key(self.job.lease_name(orphan))):
-                return orphan
+        try:
+            for _ in range(ORPHAN_TRIES):
+                popped = self.client.spop(range_orphans_key(self.job.name))
+                if popped is None:
+                    break
+                orphan = int(popped)
+                if not self.client.exists(lease_key(self.job.lease_name(orphan))):
+                    return orphan
+        except (RedisError, OSError):
+            pass  # Redis is away: the pending claim's lease acquire reports it
         claimed = claim_pending(self.sessions, self.job.name, 1, hold=self.hold)
         return claimed[0] if claimed else None

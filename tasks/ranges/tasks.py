@@ -186,7 +186,10 @@ class _Slot:
         if self.token is None:
             self.token = new_token()
         self._marked = time.monotonic()
-        return self.slots.running(self.token)
+        try:
+            return self.slots.running(self.token)
+        except (RedisError, OSError):
+            return True  # Redis is away: the next lease acquire says so and ends the loop
 
     def alive(self) -> None:
         """At a batch's progress: the slot counts a while longer (at most every TTL / 4)."""
@@ -201,7 +204,10 @@ class _Slot:
         elif pulled.more and pulled.handed_back is not None:
             _dispatch(job, pulled.handed_back)
         elif self.token is not None:
-            self.slots.ended(self.token)
+            try:
+                self.slots.ended(self.token)
+            except (RedisError, OSError):
+                pass  # the token stops counting by its score
 
 
 def _progress_reporter(task: Task, slot: _Slot) -> Callable[[Progress], None]:

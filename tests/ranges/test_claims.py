@@ -1,17 +1,25 @@
 """The atomic claim of pending partitions (tasks/ranges/claims.py) on all three databases:
-claimers racing on threads never get the same partition, and a reservation lapses."""
+claimers racing on threads never get the same partition, and a reservation lapses; and a
+runner's loop over them (tasks/ranges/pull.py), in-process."""
 
 from __future__ import annotations
 
 import threading
 
+import redis
 from sqlalchemy import Engine, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from lease import Leases
 from tasks.ranges.claims import claim_pending
+from tasks.ranges.keys import range_orphans_key
+from tasks.ranges.pull import Pull
+from tasks.ranges.runner import Outcome, PartitionRunner
 from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import RANGE_KIND
+from tests.ranges.test_adopt import orphan, planned
+from tests.ranges.test_runner import counts, runner
 
 PARTS = 60
 
@@ -61,3 +69,40 @@ def test_only_pending_unreserved_partitions_lowest_first(engine: Engine) -> None
     assert claim_pending(sessions, "cm_data", 5, hold=60) == []
     # A reservation older than `hold` lapses: its reserver died before claiming the row.
     assert claim_pending(sessions, "cm_data", 5, hold=0) == [1, 4, 5]
+
+
+def test_a_runner_loop_claims_an_orphan_first_then_every_pending_partition(
+        engine: Engine, redis_client: redis.Redis, leases: Leases) -> None:
+    """`tasks.ranges.pull` in-process: an orphan (its holder died) goes first, then the
+    pending partitions lowest first, each claimed once; every row is processed once."""
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    job = planned(engine, sessions, redis_client, 500)  # partitions 0..4
+    with sessions.begin() as session:  # planned by the in-process round, which reserved them
+        session.execute(update(WORK).values(dispatched_at=None))
+    orphan(job, 3, sessions, leases, redis_client)
+    redis_client.sadd(range_orphans_key(job.name), 3)
+    order: list[int] = []
+
+    def run_one(part: int, seconds: float) -> tuple[PartitionRunner, str]:
+        order.append(part)
+        one = runner(job, part, sessions, leases, time_slice=seconds)
+        return one, one.run()
+
+    pulled = Pull(job, sessions, redis_client, run_one=run_one, hold=60, budget=60,
+                  shutdown=threading.Event(), keep_going=lambda: True).drive(None)
+    assert order == [3, 0, 1, 2, 4]
+    assert pulled.drained and not pulled.more
+    assert [r["outcome"] for r in pulled.runs] == [Outcome.DONE] * 5
+    assert counts(engine) == {1: 500}
+
+
+def test_a_runner_loop_hands_on_at_the_end_of_its_slice(
+        engine: Engine, redis_client: redis.Redis, leases: Leases) -> None:
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    job = planned(engine, sessions, redis_client, 300)
+    def run_one(part: int, seconds: float) -> tuple[PartitionRunner, str]:
+        raise AssertionError("a runner past its slice claims nothing")
+
+    pulled = Pull(job, sessions, redis_client, run_one=run_one, hold=60, budget=0,
+                  shutdown=threading.Event(), keep_going=lambda: True).drive(None)
+    assert pulled.more and not pulled.runs and pulled.handed_back is None
