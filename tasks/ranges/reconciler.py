@@ -317,6 +317,13 @@ def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job
             pipe.exists(lease_key(job.lease_name(part)))
         held = pipe.execute()
     unleased = [part for part, h in zip(candidates, held, strict=True) if not h]
+    if unleased and statuses == (S.RUNNING,):
+        # Read again after the lease check: a holder that finished between the two reads
+        # marked its row done before it released the lease, so it is no orphan.
+        with sessions() as session:
+            unleased = sorted(session.execute(select(WORK.c.part).where(
+                partitions_of(job.name), WORK.c.part.in_(unleased),
+                WORK.c.status == S.RUNNING)).scalars())
     if not unleased:
         return []
     with sessions.begin() as session:

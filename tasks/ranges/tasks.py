@@ -231,7 +231,7 @@ def _progress_reporter(task: Task, slot: _Slot) -> Callable[[Progress], None]:
 
 
 @app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True)
-def run_partition(self: Task, job: str, part: int | None = None,
+def run_partition(self: Task, job: str, part: int | None,
                   runner: str | None = None) -> dict[str, Any]:
     """Work partition `part` of `job` under its lease (a duplicate delivery exits at once),
     then, as a runner of the job, claim and run its next pending partitions until none is
