@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("lease", "range", "overhead", "restock", "control", "failover", "nemesis")
+BENCHMARKS = ("lease", "range", "overhead", "restock", "control", "failover", "nemesis",
+              "scale")
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,9 @@ names become keys through `lease.keys.lease_key`.
                                   running holder to adopt
                                   (gate.lua pops one); TTL twice the reconciler's grace; a
                                   holder's first gate call removes its own partition
+    range-runners:{JOB}           sorted set of the job's outstanding runner messages (tokens
+                                  scored with the server time they stop counting at;
+                                  tasks.ranges.runners); PEXPIRE at its last token's end
     range-outage:{JOB}:PART       the fence of a holder that stopped for a database outage
                                   and could not hand its partition back (the row stays
                                   `running`): its next claim is no crash; TTL OUTAGE_TTL
@@ -26,7 +29,7 @@ __all__ = [
     "RANGE_PREFIX", "range_lease_name", "range_schedule_name", "job_of_schedule",
     "RANGE_CONTROL_PREFIX", "RANGE_THROTTLE_PREFIX", "range_control_key", "range_throttle_key",
     "RANGE_ORPHANS_PREFIX", "range_orphans_key", "RANGE_OUTAGE_PREFIX", "OUTAGE_TTL",
-    "range_outage_key",
+    "range_outage_key", "RANGE_RUNNERS_PREFIX", "range_runners_key",
 ]
 
 RANGE_PREFIX = "range:"
@@ -34,6 +37,7 @@ RANGE_CONTROL_PREFIX = "range-control:"
 RANGE_THROTTLE_PREFIX = "range-throttle:"
 RANGE_ORPHANS_PREFIX = "range-orphans:"
 RANGE_OUTAGE_PREFIX = "range-outage:"
+RANGE_RUNNERS_PREFIX = "range-runners:"
 OUTAGE_TTL = 86400  # seconds: an outage longer than a day counts as a crash after all
 
 
@@ -66,3 +70,8 @@ def range_orphans_key(job: str) -> str:
 def range_outage_key(job: str, part: int) -> str:
     """The mark of a holder of `job`'s `part` that stopped for a database outage."""
     return f"{RANGE_OUTAGE_PREFIX}{{{job}}}:{part}"
+
+
+def range_runners_key(job: str) -> str:
+    """The job's outstanding runner messages (tasks.ranges.runners; same hash tag)."""
+    return f"{RANGE_RUNNERS_PREFIX}{{{job}}}"

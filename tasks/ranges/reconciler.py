@@ -15,6 +15,16 @@ so a newer round's compare-and-set waits for an in-flight write of the older one
 
 Failover after a crash therefore takes at most the lease TTL plus one reconcile interval.
 
+Dispatch is pull-based when the round is given `runners` (the worker's rounds always are):
+the round sends a runner message ("run partitions of job J", `tasks.ranges.pull`) only while
+fewer than the job's bound (RANGE_RUNNERS) are outstanding and pending partitions exist, and
+dispatches by partition only the running partitions nobody holds (their holder died; the
+job's running holders may adopt them first, `tasks.ranges.gate`). A round so reads the
+running partitions (as many as the fleet runs) and at most `bound` pending ones, never the
+whole plan, and the messages in flight follow the fleet, not the backlog. Without `runners`
+(an in-process driver that runs what it is handed, as the tests do) every open partition
+nobody holds is dispatched.
+
 Controls: a round first reads the job's run (`runs.enforce`) and copies its state and
 throttle to Redis, so a flushed Redis cannot un-pause a job; a paused or cancelled job's round
 dispatches nothing, and an ended run's round does nothing. A round that ran ends with
@@ -39,19 +49,22 @@ from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.ranges.keys import range_schedule_name as schedule_name
 from tasks.ranges.planning import StoredPlan, plan_after
+from tasks.ranges.runners import RunnerSlots, new_token
 from tasks.ranges.runs import current_run, enforce
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import RANGE_KIND, partitions_of
 from tasks.store.db import affected, utcnow
 
-__all__ = ["Round", "schedule_name", "activate", "activate_in", "reconcile_job",
+__all__ = ["Round", "Runners", "schedule_name", "activate", "activate_in", "reconcile_job",
            "active_jobs", "repair_inactive", "due_now"]
 
 log = logging.getLogger("tasks.ranges")
 
 
 Dispatch = Callable[[str, int], None]
+# Sends one runner message of a job (job, runner token).
+Spawn = Callable[[str, str], None]
 # A test seam: called with the name of each step of a round ("won", "read") as it passes it.
 Seam = Callable[[str], None]
 
@@ -71,6 +84,15 @@ class Round:
     overtaken: bool = False  # a newer round won the term while this one ran: it stopped
     held: str | None = None  # the run is paused, cancelled or ended: the round did nothing
     run: str | None = None  # the state the round moved the job's run to (succeeded, ...)
+    runners: int = 0  # runner messages sent (pull-based dispatch)
+
+
+@dataclass(frozen=True)
+class Runners:
+    """Pull-based dispatch: the job's outstanding runner messages and how to send one."""
+
+    slots: RunnerSlots
+    spawn: Spawn
 
 
 def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
@@ -170,13 +192,16 @@ def reconcile_job(
     grace: float,
     settle: float = 60.0,
     seam: Seam | None = None,
+    runners: Runners | None = None,
 ) -> Round:
     """One reconcile round for `job`: plan, dispatch unleased partitions, and once every
     partition finished, the closing round (`tasks.ranges.closing`).
 
-    A partition is dispatched when it is open (pending or running), nobody holds its lease, and
-    it was not dispatched within `grace` seconds (a queued message may still be on its way).
-    A followed job's closing read repeats every `settle` seconds.
+    A partition is dispatched when it is open (pending or running; with `runners`: running
+    only), nobody holds its lease, and it was not dispatched within `grace` seconds (a queued
+    message may still be on its way). With `runners`, runner messages top the job's
+    outstanding ones up to their bound while pending partitions exist. A followed job's
+    closing read repeats every `settle` seconds.
     """
     state = enforce(sessions, client, job.name)
     if state in (RunState.PAUSED, RunState.CANCELLED, RunState.SUCCEEDED, RunState.FAILED):
@@ -196,15 +221,22 @@ def reconcile_job(
         return _overtaken(result)
     result.reopened, result.late = len(closing.reopened), closing.found
     result.closing_s, result.run = closing.seconds, closing.run
-    dispatched = _dispatch_unleased(sessions, client, job, term, dispatch, grace)
-    if dispatched is None:
+    statuses = S.OPEN if runners is None else (S.RUNNING,)
+    dispatched = _dispatch_unleased(sessions, client, job, term, dispatch, grace, statuses)
+    if dispatched is None or (runners is not None
+                              and not _top_up(sessions, job.name, term, runners, result)):
         return _overtaken(result)
     result.dispatched = dispatched
-    if result.planned or result.reopened or result.dispatched or result.run:
-        log.info("reconcile %s: planned %d, dispatched %s, closing read found %d rows "
-                 "(reopened %d partitions), run %s", job.name, result.planned,
-                 result.dispatched[:20], result.late, result.reopened, result.run or "-")
+    _log(result)
     return result
+
+
+def _log(result: Round) -> None:
+    if result.planned or result.reopened or result.dispatched or result.run or result.runners:
+        log.info("reconcile %s: planned %d, dispatched %s, sent %d runners, closing read "
+                 "found %d rows (reopened %d partitions), run %s", result.job, result.planned,
+                 result.dispatched[:20], result.runners, result.late, result.reopened,
+                 result.run or "-")
 
 
 def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
@@ -244,14 +276,38 @@ def _overtaken(result: Round) -> Round:
     return result
 
 
+def _top_up(sessions: sessionmaker[Session], job: str, term: int, runners: Runners,
+            result: Round) -> bool:
+    """Send runner messages while fewer than the bound are outstanding and pending
+    partitions exist (no more than there are); False if the round was overtaken."""
+    free = runners.slots.bound - runners.slots.outstanding()
+    if free <= 0:
+        return True
+    with sessions() as session:
+        pending = len(session.execute(select(WORK.c.part).where(
+            partitions_of(job), WORK.c.status == S.PENDING).limit(free)).all())
+    if not pending:
+        return True
+    tokens = [new_token() for _ in range(pending)]
+    with sessions.begin() as session:
+        if not _hold(session, schedule_name(job), term):
+            return False
+    runners.slots.sent(tokens)
+    for token in tokens:
+        runners.spawn(job, token)
+    result.runners = len(tokens)
+    return True
+
+
 def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job: RangeJob,
-                       term: int, dispatch: Dispatch, grace: float) -> list[int] | None:
-    """Dispatch open partitions nobody holds; None if the round was overtaken."""
+                       term: int, dispatch: Dispatch, grace: float,
+                       statuses: tuple[str, ...] = S.OPEN) -> list[int] | None:
+    """Dispatch partitions in `statuses` nobody holds; None if the round was overtaken."""
     cutoff = utcnow() - timedelta(seconds=grace)
     with sessions() as session:
         open_parts = session.execute(select(WORK.c.part, WORK.c.dispatched_at, WORK.c.status)
                                      .where(partitions_of(job.name),
-                                            WORK.c.status.in_(S.OPEN))
+                                            WORK.c.status.in_(statuses))
                                      .order_by(WORK.c.part)).all()
     candidates = [r.part for r in open_parts if r.dispatched_at is None or r.dispatched_at < cutoff]
     if not candidates:
@@ -261,6 +317,13 @@ def _dispatch_unleased(sessions: sessionmaker[Session], client: redis.Redis, job
             pipe.exists(lease_key(job.lease_name(part)))
         held = pipe.execute()
     unleased = [part for part, h in zip(candidates, held, strict=True) if not h]
+    if unleased and statuses == (S.RUNNING,):
+        # Read again after the lease check: a holder that finished between the two reads
+        # marked its row done before it released the lease, so it is no orphan.
+        with sessions() as session:
+            unleased = sorted(session.execute(select(WORK.c.part).where(
+                partitions_of(job.name), WORK.c.part.in_(unleased),
+                WORK.c.status == S.RUNNING)).scalars())
     if not unleased:
         return []
     with sessions.begin() as session:

@@ -1,4 +1,5 @@
-"""The range wing's settings section: RANGE_SLICE, RANGE_SETTLE and RANGES_QUEUE."""
+"""The range wing's settings section: RANGE_SLICE, RANGE_SETTLE, RANGE_RUNNERS,
+RANGE_RUNNER_WAIT and RANGES_QUEUE."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ class RangeSettings(Section):
     # A finished partition is checked once more for rows committed late (a transaction that
     # was open across its closing read) this long after it finished.
     settle: float = setting(60.0, envparse.positive(float))
+    # Runner messages of one job outstanding at most (tasks.ranges.runners): each one runs
+    # partitions of the job one after another, claiming the next itself, so this is how many
+    # worker slots one job may occupy at once. Set it to the worker slots of the fleet that
+    # serve the job (workers x concurrency); more only queue messages that wait.
+    runners: int = setting(4, envparse.positive(int))
+    # A runner message still queued after this long no longer counts as outstanding: the
+    # reconciler replaces it (a broker that lost it); if it arrives later it runs only if the
+    # job has room for it.
+    runner_wait: float = setting(600.0, envparse.positive(float))
     # The Celery queue of partitions (tasks.ranges.run_partition); controls go to the core's
     # CONTROL_QUEUE.
     queue: str = setting("ranges", envparse.queue, env="RANGES_QUEUE")

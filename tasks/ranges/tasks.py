@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task
@@ -26,14 +27,17 @@ from tasks.ranges.closing import nothing_open
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
 from tasks.ranges.poolexit import PartitionRequest, holder_name
+from tasks.ranges.pull import Pull, Pulled
 from tasks.ranges.reconciler import (
     Round,
+    Runners,
     active_jobs,
     due_now,
     reconcile_job,
     repair_inactive,
 )
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
+from tasks.ranges.runners import RunnerSlots, new_token, validate_token
 from tasks.ranges.settings import range_settings
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments
@@ -53,20 +57,36 @@ def _dispatch(job: str, part: int) -> None:
     run_partition.apply_async((job, part))
 
 
+def _spawn(job: str, token: str) -> None:
+    """Send a runner message of `job`: its task claims the job's partitions itself."""
+    run_partition.apply_async((job, None, token))
+
+
+def _grace() -> float:
+    return max(settings.lease_ttl, 2 * settings.reconcile_interval)
+
+
+def _slots(job: str) -> RunnerSlots:
+    ranges = range_settings(settings)
+    # A running runner's token counts while its batches go on; 3 TTLs cover a slow batch.
+    return RunnerSlots(resources_for(settings).redis, job, ranges.runners,
+                       wait=ranges.runner_wait, alive=3 * settings.lease_ttl)
+
+
 def _round(job_name: str) -> Round:
     res = resources_for(settings)
     return reconcile_job(
         res.sessions, res.redis, get_job(job_name), _dispatch,
-        interval=settings.reconcile_interval,
-        grace=max(settings.lease_ttl, 2 * settings.reconcile_interval),
+        interval=settings.reconcile_interval, grace=_grace(),
         settle=range_settings(settings).settle,
+        runners=Runners(_slots(job_name), _spawn),
     )
 
 
 def _report(r: Round) -> dict[str, Any]:
     return {"job": r.job, "ran": r.ran, "planned": r.planned, "reopened": r.reopened,
             "late": r.late, "dispatched": r.dispatched, "overtaken": r.overtaken,
-            "held": r.held, "run_state": r.run, "closing_s": r.closing_s}
+            "held": r.held, "run_state": r.run, "closing_s": r.closing_s, "runners": r.runners}
 
 
 def controls() -> Controls:
@@ -154,24 +174,53 @@ def _close_if_last(job: str) -> None:
         log.info("range %s: closing round left to beat (%s)", job, type(exc).__name__)
 
 
-@app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True,
-          Request=PartitionRequest)
-def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
-    """Work partition `part` of `job` under its lease (a duplicate delivery exits at once).
-    If its pool process dies, the worker's main process hands its partitions back at once
-    (`tasks.ranges.poolexit`)."""
-    validate_job_name(job)
-    part = validate_part(part)
-    found = get_job(job)
-    res = resources_for(settings)
+class _Slot:
+    """The runner slot of one task: its token (None: an old-style message that has not
+    become a runner), kept counting while the task runs (`tasks.ranges.runners`)."""
+
+    def __init__(self, slots: RunnerSlots, token: str | None) -> None:
+        self.slots, self.token = slots, token
+        self._marked = time.monotonic()
+
+    def keep_going(self) -> bool:
+        """Before each claim: the slot still counts, or the job has room for it."""
+        if self.token is None:
+            self.token = new_token()
+        self._marked = time.monotonic()
+        try:
+            return self.slots.running(self.token)
+        except (RedisError, OSError):
+            return True  # Redis is away: the next lease acquire says so and ends the loop
+
+    def alive(self) -> None:
+        """At a batch's progress: the slot counts a while longer (at most every TTL / 4)."""
+        if self.token is not None and time.monotonic() - self._marked > settings.lease_ttl / 4:
+            self.keep_going()
+
+    def end(self, job: str, pulled: Pulled) -> None:
+        """Send the continuation (same token, the partition handed back) or free the slot."""
+        if pulled.more and self.token is not None:
+            self.slots.sent([self.token])
+            run_partition.apply_async((job, pulled.handed_back, self.token))
+        elif pulled.more and pulled.handed_back is not None:
+            _dispatch(job, pulled.handed_back)
+        elif self.token is not None:
+            try:
+                self.slots.ended(self.token)
+            except (RedisError, OSError):
+                pass  # the token stops counting by its score
+
+
+def _progress_reporter(task: Task, slot: _Slot) -> Callable[[Progress], None]:
     last_update = [0.0]
 
     def progress(p: Progress) -> None:
+        slot.alive()
         now = time.monotonic()
-        if now - last_update[0] >= PROGRESS_EVERY and self.request.id:
+        if now - last_update[0] >= PROGRESS_EVERY and task.request.id:
             last_update[0] = now
             try:
-                self.update_state(state=PROGRESS, meta={
+                task.update_state(state=PROGRESS, meta={
                     "job": p.job, "part": p.part, "checkpoint": p.checkpoint, "hi": p.hi,
                     "rows_done": p.rows_done, "rows_per_s": round(p.rows_per_s, 1)})
             except (RedisError, OSError) as exc:
@@ -179,30 +228,50 @@ def run_partition(self: Task, job: str, part: int) -> dict[str, Any]:
                 # must not fail the partition. The work table has the same figures.
                 log.warning("range %s part %s: progress not reported (%s)", p.job, p.part,
                             type(exc).__name__)
+    return progress
 
-    def run(number: int, may_adopt: bool) -> tuple[PartitionRunner, str]:
-        runner = PartitionRunner(
+
+@app.task(name="tasks.ranges.run_partition", bind=True, acks_late=True,
+          Request=PartitionRequest)
+def run_partition(self: Task, job: str, part: int | None,
+                  runner: str | None = None) -> dict[str, Any]:
+    """Work partition `part` of `job` under its lease (a duplicate delivery exits at once),
+    then, as a runner of the job, claim and run its next pending partitions until none is
+    left, the time slice ends or the job is paused (`tasks.ranges.pull`). A message with a
+    `runner` token and no `part` is the reconciler's runner; one with only `part` (queued by
+    an older version, or an orphan's) becomes a runner if the job has room for one. If its
+    pool process dies, the worker's main process hands its partitions back at once
+    (`tasks.ranges.poolexit`)."""
+    validate_job_name(job)
+    if part is not None:
+        part = validate_part(part)
+    found = get_job(job)
+    res = resources_for(settings)
+    slot = _Slot(_slots(found.name), validate_token(runner) if runner is not None else None)
+    if runner is not None and not slot.keep_going():
+        return {"job": found.name, "runner": runner, "outcome": "surplus", "runs": []}
+    progress = _progress_reporter(self, slot)
+    # Adoption only while two time slices fit in the task's soft time limit.
+    may_adopt = 2 * range_settings(settings).slice < settings.soft_time_limit
+
+    def run(number: int, seconds: float) -> tuple[PartitionRunner, str]:
+        one = PartitionRunner(
             found, number, sessions=res.sessions, leases=res.leases,
             lease_ttl=settings.lease_ttl,
             owner=holder_name(self.request.hostname or socket.gethostname(), os.getpid()),
-            shutdown=shutdown_requested,
-            time_slice=range_settings(settings).slice, on_progress=progress,
+            shutdown=shutdown_requested, time_slice=seconds, on_progress=progress,
             crash_cap=settings.redelivery_cap, may_adopt=may_adopt,
         )
-        outcome = runner.run()
-        if outcome in (Outcome.HANDED_OVER, Outcome.YIELDED):
-            _dispatch(found.name, number)
-        elif outcome in (Outcome.DONE, Outcome.EMPTY):
-            _close_if_last(found.name)
-        return runner, outcome
+        return one, one.run()
 
-    # One adoption per task, and only while two time slices fit in its soft time limit.
-    may_adopt = 2 * range_settings(settings).slice < settings.soft_time_limit
-    first, outcome = run(part, may_adopt=may_adopt)
-    result: dict[str, Any] = {"job": found.name, "part": part, "outcome": outcome,
-                              "rows": first.rows_done}
-    if outcome == Outcome.YIELDED and first.adopted is not None:
-        adopted, its_outcome = run(first.adopted, may_adopt=False)
-        result["adopted"] = {"part": first.adopted, "outcome": its_outcome,
-                             "rows": adopted.rows_done}
-    return result
+    pull = Pull(found, res.sessions, res.redis, run_one=run, hold=_grace(),
+                budget=range_settings(settings).slice, shutdown=shutdown_requested,
+                keep_going=slot.keep_going)
+    pulled = pull.drive(part)
+    slot.end(found.name, pulled)
+    if pulled.drained or any(r["outcome"] in (Outcome.DONE, Outcome.EMPTY)
+                             for r in pulled.runs[-1:]):
+        _close_if_last(found.name)
+    return {"job": found.name, "part": part, "runner": slot.token, "runs": pulled.runs,
+            "outcome": pulled.runs[0]["outcome"] if pulled.runs else "idle",
+            "rows": sum(r["rows"] for r in pulled.runs)}

@@ -102,7 +102,10 @@ class WorkRow:
                     (WORK.c.crashes, WORK.c.crashes + took_over), (WORK.c.fence, fence),
                     (WORK.c.status, S.RUNNING), (WORK.c.owner, self.owner),
                     (WORK.c.claims, WORK.c.claims + 1), (WORK.c.started_at, now),
-                    (WORK.c.heartbeat_at, now), (WORK.c.error, None))
+                    (WORK.c.heartbeat_at, now), (WORK.c.error, None),
+                    # A claimed row is no longer reserved (tasks.ranges.claims): handed back,
+                    # it may be claimed again at once.
+                    (WORK.c.dispatched_at, None))
             ))
             if claimed != 1:
                 return None

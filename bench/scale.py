@@ -1,0 +1,189 @@
+"""`python -m bench scale [--db URL ...] [--parts N,N] [--slots N]`.
+
+What a range job costs as its plan grows, on real processes: for each database and each
+partition count, a fresh `cm_data` table of `--rows-per-part` rows per partition, one range
+worker (`-Q ranges,celery`, `--slots` pool processes) and RANGE_RUNNERS equal to its slots.
+This process plays beat: it runs `tasks.ranges.start` (timed: `start_s`) and then a reconcile
+round every RECONCILE_INTERVAL (each timed: `round_p50_s`, `round_p99_s`) until the run
+succeeded, while a thread samples the broker's `ranges` list every 0.1 s (`max_queue`).
+`rows_per_s` is the table's rows over the time from start to success.
+
+Each configuration runs in a child process of its own (the platform's settings are read once
+per process). Databases: a SQLite file in a temporary directory and, by default, the
+PostgreSQL database `bench_scale` (created if missing; its tables dropped and recreated). The
+broker and lease Redis is a scratch Redis (bench/scratch.py). The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.failover import ROOT, ensure_database
+from bench.range import BENCH_JOB_MODULES
+from bench.scratch import NotScratch, flush, open_scratch
+from tasks.config.settings import redact
+
+__all__ = ["main"]
+
+BENCH_REDIS_DB = 14
+DEFAULT_DBS = ("sqlite", "postgresql+psycopg://postgres@127.0.0.1:5432/bench_scale")
+INTERVAL = 1.0  # RECONCILE_INTERVAL of the runs, seconds
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__)
+    parser.add_argument("--db", action="append", default=None,
+                        help="SQLAlchemy URL, or 'sqlite' for a temporary file (repeatable; "
+                             f"default {', '.join(DEFAULT_DBS)})")
+    parser.add_argument("--parts", default="1000,10000", help="partition counts")
+    parser.add_argument("--rows-per-part", type=int, default=10)
+    parser.add_argument("--slots", type=int, default=2, help="the range worker's processes")
+    parser.add_argument("--child", nargs=2, metavar=("DB", "PARTS"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+class QueueDepth:
+    """The longest the broker's `ranges` list was, sampled every 0.1 s on a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.most = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            self.most = max(self.most, int(self.client.llen("ranges")))
+
+    def close(self) -> int:
+        self.stop.set()
+        self.thread.join(5)
+        self.client.close()
+        return self.most
+
+
+def child(db: str, parts: int, rows_per_part: int) -> dict[str, Any]:
+    """One configuration, in this process (its environment set by `main`)."""
+    from devtools.demo import Fleet, reset_database
+    from examples.seed import seed_cm_data
+    from examples.tables import migrate
+    from tasks.ranges.reconciler import due_now
+    from tasks.ranges.runs import current_run
+    from tasks.ranges.tables import RunState
+    from tasks.ranges.tasks import _round, start_job
+    from tasks.store.migrate import upgrade
+    from tasks.store.resources import make_engine
+
+    engine = make_engine(db)
+    reset_database(engine)
+    upgrade(engine)
+    migrate(engine)
+    seed_cm_data(engine, parts * rows_per_part)
+    engine.dispose()
+    flush(os.environ["REDIS_URL"])
+    logs = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    fleet = Fleet(os.environ, logs)
+    fleet.start("range", "worker", "-P", "prefork", "-c", os.environ["RANGE_RUNNERS"], "-n",
+                "range@%h", "-Q", "ranges,celery", "--loglevel=INFO", "--without-mingle",
+                "--without-gossip")
+    fleet.wait_ready("range", "ready.", timeout=120)
+    depth = QueueDepth(os.environ["REDIS_URL"])
+    try:
+        began = time.monotonic()
+        start_job("cm_data", "bench")
+        start_s = time.monotonic() - began
+        rounds = _rounds_until_done(due_now, _round, current_run, RunState.SUCCEEDED)
+        seconds = time.monotonic() - began
+    finally:
+        max_queue = depth.close()
+        fleet.stop_all()
+    return {"parts": parts, "start_s": round(start_s, 3),
+            "round_p50_s": round(statistics.median(rounds), 4),
+            "round_p99_s": round(_p99(rounds), 4), "rounds": len(rounds),
+            "max_queue": max_queue, "rows_per_s": round(parts * rows_per_part / seconds, 1)}
+
+
+def _rounds_until_done(due_now: Any, round_of: Any, current_run: Any,
+                       succeeded: str) -> list[float]:
+    from tasks.celery import settings
+    from tasks.store.resources import resources_for
+
+    sessions = resources_for(settings).sessions
+    rounds: list[float] = []
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        run = current_run(sessions, "cm_data")
+        if run is not None and run.state == succeeded:
+            return rounds
+        due_now(sessions, "cm_data")
+        began = time.monotonic()
+        round_of("cm_data")
+        rounds.append(time.monotonic() - began)
+        time.sleep(INTERVAL)
+    raise RuntimeError("the run did not succeed within 30 minutes")
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def _one(args: argparse.Namespace, env: dict[str, str], db: str, parts: int) -> dict[str, Any]:
+    url = db
+    if db == "sqlite":
+        url = f"sqlite:///{tempfile.mkdtemp(prefix='bench-scale-')}/scale.sqlite"
+    ensure_database(url)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "scale", "--child", url, str(parts),
+         "--rows-per-part", str(args.rows_per_part)],
+        env=dict(env, DATABASE_URL=url), cwd=ROOT, capture_output=True, text=True,
+        timeout=2400)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench scale child failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["db"] = url.split(":", 1)[0].split("+", 1)[0]
+    print(f"  {result['db']} {parts} partitions: {json.dumps(result)}", flush=True)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.rows_per_part)))
+        return 0
+    try:
+        scratch = open_scratch(BENCH_REDIS_DB)
+    except NotScratch as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    env = dict(os.environ, REDIS_URL=scratch.url, BROKER_URL=scratch.url,
+               RESULT_BACKEND=scratch.url, PYTHONPATH=str(ROOT),
+               EXTRA_TASK_MODULES=BENCH_JOB_MODULES, RECONCILE_INTERVAL=str(INTERVAL),
+               RANGE_RUNNERS=str(args.slots), CM_DATA_PARTITION_SIZE=str(args.rows_per_part),
+               CM_DATA_BATCH_SIZE="500", CM_DATA_BATCH_DELAY="0", CM_DATA_PARALLELISM="1",
+               CM_DATA_TARGET_BATCH_S="0")
+    dbs = args.db or list(DEFAULT_DBS)
+    print(f"bench scale: databases {', '.join(redact(d) for d in dbs)}, {args.slots} slots",
+          flush=True)
+    results = []
+    try:
+        for db in dbs:
+            for parts in (int(p) for p in args.parts.split(",")):
+                results.append(_one(args, env, db, parts))
+    finally:
+        scratch.stop()
+    print(json.dumps({"slots": args.slots, "runs": results}))
+    return 0
