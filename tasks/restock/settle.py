@@ -1,15 +1,16 @@
 """Settle order items a drain left 'released' although their stock is back.
 
-A drain batch moves its items 'held' -> 'released' in the database (step 3), returns their
-stock in Redis with restock.lua (step 4), then records them 'restocked' (step 5). A drainer
-that loses Redis's reply to step 4, or dies between 4 and 5, leaves items 'released' whose
+A drain batch moves its items 'held' -> 'released' in the database (step 3 of
+`tasks.restock.drain`), returns their stock in Redis with restock.lua (step 4), and records
+them 'restocked' in the next batch's transaction or when the drain stops (step 5). A drainer
+that loses Redis's reply to step 4, or dies before step 5, leaves items 'released' whose
 entries restock.lua already consumed; nothing drains them again, so without this they stay
 'released' for good (the nemesis found one: its order never settled). Their stock is right
 either way ('released' and 'restocked' both count as returned, in the rebuild too); only their
 record is behind.
 
-The tick settles them: an item 'released' for longer than `grace` (a live drainer finishes its
-batch well within a lease TTL) is 'restocked' once its entry
+The tick settles them: an item 'released' for longer than `grace` (a live drainer records its
+batches well within a lease TTL) is 'restocked' once its entry
 
 - is not in its queue's delay queue (else a drainer will restock it), and
 - is not the item's deduction on record (whatever consumes an entry takes its record along;
