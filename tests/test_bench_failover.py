@@ -48,5 +48,6 @@ def test_bench_failover_takes_over_every_way_and_loses_nothing(
     # A crash waits for the lease to lapse; a warm shutdown hands over without waiting.
     assert result["crash_failover_s"] >= 1.0
     assert result["graceful_handover_s"] < result["crash_failover_s"]
-    # A pool process's death is handed back by its worker's main process: no TTL to wait for.
-    assert result["pool_crash_failover_s"] < result["crash_failover_s"]
+    # A pool process's death is handed back by its worker's main process, without the TTL: at
+    # this bench's 1.5 s TTL the two paths take about as long, so the bound is checked where
+    # the TTL is long (tests/ranges/test_pool_exit.py, LEASE_TTL=30).

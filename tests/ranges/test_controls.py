@@ -41,6 +41,9 @@ from tests.support.workers import celery_call, wait_until
 pytestmark = pytest.mark.timeout(240)
 
 BATCH_S = 0.3  # CM_DATA_BATCH_DELAY: each batch takes a little more than this
+# Batches of 50 rows: a partition of 2000 takes 40 batches (12 s), so the run cannot end before
+# a control sent through the CLI (a second or more to start a Python process) lands.
+SMALL_BATCH = "50"
 
 
 def _running(cluster: Platform) -> Callable[[], object]:
@@ -89,7 +92,7 @@ def test_cancel_then_start_processes_only_rows_the_filter_still_selects_exactly_
         engine: Engine, platform: Callable[..., Platform]) -> None:
     seed_cm_data(engine, 6000)
     cluster = control_platform(platform, CM_DATA_PARTITION_SIZE="2000",
-                               CM_DATA_BATCH_DELAY=str(BATCH_S))
+                               CM_DATA_BATCH_SIZE=SMALL_BATCH, CM_DATA_BATCH_DELAY=str(BATCH_S))
     cluster.worker("a")
     cluster.worker("b")
     cluster.beat()
@@ -129,7 +132,7 @@ def test_kill_9_of_a_worker_while_paused_then_resume_finishes_exactly_once(
         engine: Engine, platform: Callable[..., Platform]) -> None:
     seed_cm_data(engine, 6000)
     cluster = control_platform(platform, CM_DATA_PARTITION_SIZE="2000",
-                               CM_DATA_BATCH_DELAY=str(BATCH_S))
+                               CM_DATA_BATCH_SIZE=SMALL_BATCH, CM_DATA_BATCH_DELAY=str(BATCH_S))
     doomed = cluster.worker("doomed")
     cluster.worker("survivor")
     cluster.beat()
@@ -151,7 +154,7 @@ def test_a_flushed_redis_does_not_unpause_a_paused_job(
         engine: Engine, platform: Callable[..., Platform]) -> None:
     seed_cm_data(engine, 6000)
     cluster = control_platform(platform, CM_DATA_PARTITION_SIZE="2000",
-                               CM_DATA_BATCH_DELAY=str(BATCH_S))
+                               CM_DATA_BATCH_SIZE=SMALL_BATCH, CM_DATA_BATCH_DELAY=str(BATCH_S))
     cluster.worker("a")
     cluster.worker("b")
     cluster.beat()
