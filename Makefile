@@ -22,7 +22,7 @@ lint: $(STAMP)
 PYTEST_WORKERS ?= 4
 
 test: lint
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=40 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m devtools demo $(DEMO_ARGS)
