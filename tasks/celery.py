@@ -68,6 +68,9 @@ def configure(settings: Settings, wings: tuple[Wing, ...] = WINGS) -> dict[str, 
         "task_send_sent_event": True,
         "worker_send_task_events": True,
         "task_track_started": True,
+        # A result write (STARTED, a progress update, the result) that meets a Redis blip is
+        # tried again: Celery fails a task whose STARTED write raised, and acks its message.
+        **BACKEND_RETRY,
         "result_expires": 24 * 3600,
         "result_extended": True,
         "beat_scheduler": "beat.scheduler:LeaderScheduler",
@@ -81,6 +84,13 @@ def configure(settings: Settings, wings: tuple[Wing, ...] = WINGS) -> dict[str, 
         # every queue is declared, so a worker without -Q consumes them all.
         **routing_config(settings, wings),
     }
+
+
+# Celery's result_backend_always_retry: about 5 s of tries with jittered exponential back-off
+# (0.2 s doubling up to 2 s), then the error is the task's as before.
+BACKEND_RETRY = {"result_backend_always_retry": True, "result_backend_max_retries": 6,
+                 "result_backend_base_sleep_between_retries_ms": 200,
+                 "result_backend_max_sleep_between_retries_ms": 2000}
 
 
 # A worker's warm shutdown hands a running partition over at its next batch boundary; a batch

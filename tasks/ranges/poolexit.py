@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
 from tasks.config.settings import Settings, settings_of
+from tasks.ranges import keeper
 from tasks.ranges.keys import range_lease_name, range_orphans_key
 from tasks.ranges.workrow import hand_back_dead
 from tasks.store.db import utcnow
@@ -88,12 +89,14 @@ def hand_back(sessions: sessionmaker[Session], leases: Leases, client: redis.Red
 
 class PartitionRequest(Request):  # type: ignore[misc]
     """`run_partition`'s request in the worker's main process: when the pool process running
-    it died, its partitions are handed back before Celery requeues the message."""
+    it died, its partitions are handed back before Celery requeues the message; when the task
+    failed, its runner token stops counting soon (`tasks.ranges.keeper`)."""
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True,
                    return_ok: bool = False) -> Any:
         if self.worker_pid and _died(exc_info.exception):
             self._hand_back(exc_info.exception)
+        keeper.failed(self)  # a runner's message is gone: its slot frees soon
         return super().on_failure(exc_info, send_failed_event=send_failed_event,
                                   return_ok=return_ok)
 

@@ -9,6 +9,11 @@ follow the fleet, not the backlog. Outstanding means: the token is in the job's 
 
     sent       the reconciler adds the token, counted for `wait` seconds (RANGE_RUNNER_WAIT:
                a message the broker lost is replaced after that long)
+    held       a worker received the message: its main process marks the token for `alive`
+               seconds, again every LEASE_TTL / 2 while the request is its own
+               (`tasks.ranges.keeper`), and once more if the task failed. A message lost with
+               its worker (kill -9 with the message prefetched, a task failed before its body
+               ran) stops counting `alive` seconds later, not `wait` seconds
     running    the task marks its token for `alive` seconds at its start, at each partition
                it claims and at its batches' progress (a runner that died stops counting soon
                after; its partition is taken over through its lease like any holder's)
@@ -35,6 +40,7 @@ __all__ = ["RunnerSlots", "new_token", "validate_token"]
 
 COUNT = load_lua(__package__, "runners_count")
 MARK = load_lua(__package__, "runners_mark")
+HELD = load_lua(__package__, "runners_held")
 
 
 _TOKEN = re.compile(r"[0-9a-f]{1,32}")
@@ -61,6 +67,7 @@ class RunnerSlots:
         self.key = range_runners_key(job)
         self._count = client.register_script(COUNT)
         self._mark = client.register_script(MARK)
+        self._held = client.register_script(HELD)
 
     def outstanding(self) -> int:
         """How many runner messages of the job count now (expired ones are dropped)."""
@@ -77,6 +84,13 @@ class RunnerSlots:
         its token no longer counted and the job has no room for it: the task ends."""
         return bool(run_script(self.client, self._mark, [self.key],
                                [ms(self.alive), self.bound, token]))
+
+    def held(self, tokens: list[str]) -> int:
+        """A worker holds the messages of `tokens`: those that still count, count for `alive`
+        seconds from now (never more than that, never again once ended). Returns how many."""
+        if not tokens:
+            return 0
+        return int(run_script(self.client, self._held, [self.key], [ms(self.alive), *tokens]))
 
     def ended(self, token: str) -> None:
         self.client.zrem(self.key, token)

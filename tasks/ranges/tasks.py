@@ -26,6 +26,7 @@ from tasks.celery import app, settings
 from tasks.ranges.closing import nothing_open
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
+from tasks.ranges.keeper import RunnerKeeper
 from tasks.ranges.poolexit import PartitionRequest, holder_name
 from tasks.ranges.pull import Pull, Pulled
 from tasks.ranges.reconciler import (
@@ -51,6 +52,10 @@ PROGRESS = "PROGRESS"
 PROGRESS_EVERY = 1.0  # seconds between progress updates to the result backend
 
 log = logging.getLogger("tasks.ranges")
+
+
+# The worker's main process keeps the runner messages it holds counted (tasks.ranges.keeper).
+app.steps["worker"].add(RunnerKeeper)
 
 
 def _dispatch(job: str, part: int) -> None:
