@@ -8,12 +8,26 @@ sharing state; `tests/conftest.py` creates those databases when they are missing
 import os
 
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... or ""
+
+
+def _own_redis_server() -> str:
+    """Start a redis-server for this xdist worker (stopped when the worker exits); its URL."""
+    import atexit
+
+    from tests.support.redis_server import RedisServer
+
+    server = RedisServer().start()
+    atexit.register(server.kill)
+    return f"redis://127.0.0.1:{server.port}"
+
 if _XDIST_WORKER.startswith("gw"):
     _n = int(_XDIST_WORKER[2:])
-    if _n > 3:
-        raise RuntimeError("at most 4 xdist workers: Redis databases 1..8 are the tests' own")
-    os.environ.setdefault("TEST_REDIS_URL", f"redis://127.0.0.1:6379/{1 + 2 * _n}")
-    os.environ.setdefault("TEST_WORKER_REDIS_URL", f"redis://127.0.0.1:6379/{2 + 2 * _n}")
+    if _n < 4:  # databases 1..8 of the machine's Redis are the tests' own
+        _redis = "redis://127.0.0.1:6379"
+    else:  # the rest are in use (demos, benchmarks): a redis-server of this worker's own
+        _redis = _own_redis_server()
+    os.environ.setdefault("TEST_REDIS_URL", f"{_redis}/{1 + 2 * (_n % 4)}")
+    os.environ.setdefault("TEST_WORKER_REDIS_URL", f"{_redis}/{2 + 2 * (_n % 4)}")
     os.environ.setdefault("TEST_POSTGRES_URL",
                           f"postgresql+psycopg://postgres@127.0.0.1:5432/test_{_XDIST_WORKER}")
     os.environ.setdefault("TEST_MARIADB_URL",

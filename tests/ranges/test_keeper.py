@@ -39,12 +39,14 @@ def _slots(client: redis.Redis) -> RunnerSlots:
 
 
 def _left(client: redis.Redis, token: str) -> float | None:
-    """Seconds the token still counts (server clock), None if it no longer counts."""
+    """Seconds the token still counts (server clock), None if it no longer counts (gone, or
+    its score passed: the set drops those only when a script next runs on it)."""
     score = client.zscore(range_runners_key("cm_data"), token)
     if score is None:
         return None
     sec, usec = client.time()
-    return score / 1000 - (sec + usec / 1e6)
+    left = score / 1000 - (sec + usec / 1e6)
+    return left if left > 0 else None
 
 
 def test_held_tokens_shorten_counting_ones_and_never_bring_an_ended_one_back(
