@@ -3,15 +3,16 @@
 Timeline of a drain batch, and what each crash point leaves behind::
 
     drainer  lease {stock:N}:drain:Q (fence f)          held elsewhere -> BUSY, at once
-      1  take.lua, one round trip: members with due time <= the shard's clock (Redis TIME),
-         raw bytes, and
+      1  take.lua, one round trip: the shard's term, members with due time <= the shard's
+         clock (Redis TIME), raw bytes, and
       2  drain-attempts += 1 for each member of the batch, before any work (write-ahead); a
          member past the cap is dead-lettered instead of run. A member with an earlier
          count was in a batch that never finished: it runs alone, so a poison entry sinks
          only itself
       3  DB, one transaction: the previous batch's SUCCESS items 'released' -> 'restocked';
-         this batch's items 'held' -> 'released'; read which of them are paid (the payment
-         lookup of the whole batch; a paid item stays paid)
+         this batch's items 'held' -> 'released', but only by entries of that term (restock.lua
+         drops an older one as WRONG_TERM; the item's re-issued entry releases it); read which of
+         them are paid (one payment lookup; a paid item stays paid)
       4  restock.lua(token, paid flags, entry texts): maintenance and token once, then per
          entry term, offset, stock += qty and ZREM (with its attempt count and record)
          (one round trip)
@@ -56,7 +57,7 @@ from tasks.deadletters.store import DeadLetters
 from tasks.restock.keys import attempts_key, delay_key, drain_lease_name
 from tasks.restock.redolog import MalformedEntry, RedoEntry, parse_entry
 from tasks.restock.replies import SUCCESS, Action, LockNotHeld, NodeMaintaining, QueueFull
-from tasks.restock.scripts import DEFAULT_CAPACITY, DEFAULT_DELAY_MS, RestockResult
+from tasks.restock.scripts import DEFAULT_CAPACITY, DEFAULT_DELAY_MS, RestockResult, Taken
 from tasks.restock.shards import StockShard
 from tasks.restock.tables import ORDER_ITEMS, ItemState
 from tasks.store.db import WRITE_INTENT, is_transient, utcnow
@@ -210,7 +211,7 @@ class Drainer:
                         break
                     lease.check()
                     taken = self.shard.scripts.take(self.shard.number, queue, self.batch)
-                    if not taken:
+                    if not taken.members:
                         break
                     self._batch(queue, lease.token, taken, report, done)
                     report.batches += 1
@@ -228,14 +229,14 @@ class Drainer:
         self._record_last(done)
         return report
 
-    def _batch(self, queue: str, token: str, taken: list[tuple[bytes, int]],
-               report: DrainReport, done: list[str]) -> None:
+    def _batch(self, queue: str, token: str, taken: Taken, report: DrainReport,
+               done: list[str]) -> None:
         """One batch, its attempts already counted (take.lua): restock; give back the attempts
         of members left unprocessed by anything but the death of this process."""
-        pending = dict(taken)
+        pending = dict(taken.members)
         try:
             entries: list[tuple[bytes, RedoEntry]] = []
-            for member, attempts in taken:
+            for member, attempts in taken.members:
                 if attempts > self.max_attempts:
                     del pending[member]
                     self._dead_letter(queue, token, member, (
@@ -250,7 +251,7 @@ class Drainer:
                     self._dead_letter(queue, token, member, f"malformed redo entry: {exc}",
                                       report)
             if entries:
-                self._restock_entries(queue, token, entries, pending, report, done)
+                self._restock_entries(queue, token, taken.term, entries, pending, report, done)
         finally:
             self._give_back(queue, pending)
 
@@ -278,11 +279,11 @@ class Drainer:
                                  f"shard {self.shard.number} queue {queue!r}")
         return entry
 
-    def _restock_entries(self, queue: str, token: str, entries: list[tuple[bytes, RedoEntry]],
-                         pending: dict[bytes, int], report: DrainReport, done: list[str]
-                         ) -> None:
+    def _restock_entries(self, queue: str, token: str, term: int,
+                         entries: list[tuple[bytes, RedoEntry]], pending: dict[bytes, int],
+                         report: DrainReport, done: list[str]) -> None:
         parsed = [entry for _, entry in entries]
-        paid = self._claim(parsed, done)
+        paid = self._claim(parsed, term, done)
         if self.before_restock is not None:
             self.before_restock(parsed)
         batch = [(e, e.order_item_id in paid) for e in parsed]
@@ -328,14 +329,13 @@ class Drainer:
                 self._failed_attempt(queue, token, member, attempts, str(exc), report)
         return results
 
-    def _claim(self, entries: Iterable[RedoEntry], done: list[str]) -> set[str]:
-        """Release the batch's unpaid items in the database; return the paid ones.
-
-        The same transaction records the items of the batch before whose stock is back
-        (`done`, emptied once committed): one transaction per batch, not two. Until then they
-        stay 'released', which counts as returned everywhere (ItemState.RETURNED), the state a
-        crash right after restock.lua always left."""
-        ids = sorted({e.order_item_id for e in entries})
+    def _claim(self, entries: Iterable[RedoEntry], term: int, done: list[str]) -> set[str]:
+        """Release the unpaid items of the batch's entries of `term` (read with the batch);
+        return the paid ones. An older entry leaves its item alone (step 3): restock.lua's own
+        term check, not the item's recorded entry, so it holds whatever a crashed rebuild left
+        recorded. The same transaction records `done`, the last batch's restocked items (emptied
+        once committed); until then they stay 'released', which counts as returned."""
+        ids = sorted({e.order_item_id for e in entries if e.term == term})
         with self.sessions.begin() as session:
             session.connection(execution_options=WRITE_INTENT)
             if done:

@@ -227,7 +227,7 @@ def deduct_keys(shard: int, queue: str) -> list[str]:
 
 def take_keys(shard: int, queue: str) -> list[str]:
     """Every key take.lua touches, in its KEYS order."""
-    return [delay_key(shard, queue), attempts_key(shard, queue)]
+    return [delay_key(shard, queue), attempts_key(shard, queue), term_key(shard)]
 
 
 def sync_keys(shard: int, queue: str) -> list[str]:

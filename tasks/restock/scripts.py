@@ -70,6 +70,7 @@ __all__ = [
     "Reissue",
     "RestockResult",
     "StockScripts",
+    "Taken",
 ]
 
 DEDUCT = load_lua("tasks.restock", "deduct")
@@ -122,6 +123,15 @@ class RestockResult:
     status: str
     action: Action
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A drain batch (take.lua): the members, each with its attempt count, and the shard's
+    term when they were taken; only an entry of that term can restock."""
+
+    term: int
+    members: list[tuple[bytes, int]]
 
 
 class StockScripts:
@@ -213,17 +223,20 @@ class StockScripts:
 
     # restock -----------------------------------------------------------------------------
 
-    def take(self, shard: int, queue: str, limit: int = 100) -> list[tuple[bytes, int]]:
+    def take(self, shard: int, queue: str, limit: int = 100) -> Taken:
         """A drain batch of the queue's due members, each with its attempt count after the one
         counted here (write-ahead): every due member, up to `limit`, earliest first, or the
-        first one an earlier batch counted and never finished, alone. One round trip."""
+        first one an earlier batch counted and never finished, alone; and the shard's term.
+        One round trip."""
         if limit <= 0:
             raise ValueError("limit must be positive")
         reply = self.run(self.take_script, take_keys(shard, queue), [self._now_arg(), limit])
-        if not reply:
-            return []
-        attempts = int(reply[0])  # one count for the whole batch (take.lua)
-        return [(m if isinstance(m, bytes) else str(m).encode(), attempts) for m in reply[1:]]
+        term = int(reply[0])
+        if len(reply) == 1:
+            return Taken(term, [])
+        attempts = int(reply[1])  # one count for the whole batch (take.lua)
+        return Taken(term, [(m if isinstance(m, bytes) else str(m).encode(), attempts)
+                            for m in reply[2:]])
 
     def restock(
         self, shard: int, queue: str, token: str, batch: Sequence[tuple[RedoEntry, bool]],

@@ -151,13 +151,13 @@ def test_take_counts_each_entry_once_on_every_master(cworld: World, cluster: Clu
         for queue in cworld.router.queues:
             drainer.sync(queue)
             queued = node.client.zrange(delay_key(node.number, queue), 0, -1)
-            batch = node.scripts.take(node.number, queue, limit=1000)
+            batch = node.scripts.take(node.number, queue, limit=1000).members
             assert batch == [(member, 1) for member in queued]
             if batch:
                 taken[(node.number, queue)] = queued
     assert {cluster.owner_of(shard_slot(shard)) for shard, _ in taken} == {0, 1, 2}
     for (shard, queue), queued in taken.items():  # as if each batch's drainer had died
-        assert cworld.nodes[shard].scripts.take(shard, queue) == [(queued[0], 2)]
+        assert cworld.nodes[shard].scripts.take(shard, queue).members == [(queued[0], 2)]
     cworld.settle()
     check_settled(cworld, skus)
     for node in cworld.nodes:

@@ -303,8 +303,6 @@ STALE_ENTRY_DRAINED_FIRST = [
 ]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a stale entry drained before its re-issue releases the item early")
 def test_a_stale_entry_drained_before_its_reissue_keeps_the_unit_counted(
     servers: list[RedisServer], engine: Engine
 ) -> None:

@@ -42,7 +42,7 @@ from tasks.restock.replies import (
     QueueFull,
     UnknownSku,
 )
-from tasks.restock.scripts import DEFAULT_DELAY_MS, Generation, Reissue, StockScripts
+from tasks.restock.scripts import DEFAULT_DELAY_MS, Generation, Reissue, StockScripts, Taken
 from tests.restock.conftest import FakeClockMs
 from tests.restock.due import due
 from tests.support.redis_server import RedisServer
@@ -396,9 +396,10 @@ def test_take_counts_an_attempt_at_each_due_member_in_due_order(
     assert isinstance(scripts.clock, FakeClockMs)
     scripts.clock.now = T0 + DEFAULT_DELAY_MS + 5_000  # the first two are due, not the third
     taken = scripts.take(NODE, QUEUE, limit=10)
-    assert taken == [(format_entry(early).encode(), 1), (format_entry(late).encode(), 1)]
+    assert taken == Taken(0, [(format_entry(early).encode(), 1),
+                              (format_entry(late).encode(), 1)])
     assert client.hget(attempts_key(NODE, QUEUE), format_entry(later)) is None
-    assert scripts.take(NODE, QUEUE, limit=1) == [(format_entry(early).encode(), 2)]
+    assert scripts.take(NODE, QUEUE, limit=1).members == [(format_entry(early).encode(), 2)]
     with pytest.raises(ValueError):
         scripts.take(NODE, QUEUE, limit=0)
 
@@ -411,20 +412,31 @@ def test_take_runs_a_member_counted_before_alone(scripts: StockScripts, client: 
     suspect = format_entry(entries[1]).encode()
     client.hset(attempts_key(NODE, QUEUE), suspect, 2)
     assert len(due_at(scripts, T0 + 2 * DEFAULT_DELAY_MS)) == 3
-    assert scripts.take(NODE, QUEUE) == [(suspect, 3)]
+    assert scripts.take(NODE, QUEUE).members == [(suspect, 3)]
     assert client.hlen(attempts_key(NODE, QUEUE)) == 1
     scripts.restock(NODE, QUEUE, TOKEN, [(entries[1], False)])  # settled with its count
-    assert [n for _, n in scripts.take(NODE, QUEUE)] == [1, 1]
+    assert [n for _, n in scripts.take(NODE, QUEUE).members] == [1, 1]
 
 
 def test_take_returns_members_as_stored_and_nothing_when_none_is_due(
     scripts: StockScripts, client: redis.Redis
 ) -> None:
-    assert scripts.take(NODE, QUEUE) == []
+    assert scripts.take(NODE, QUEUE) == Taken(0, [])
     client.zadd(delay_key(NODE, QUEUE), {b"\xff\xfenot-utf8": T0})
     assert isinstance(scripts.clock, FakeClockMs)
     scripts.clock.now = T0
-    assert scripts.take(NODE, QUEUE) == [(b"\xff\xfenot-utf8", 1)]
+    assert scripts.take(NODE, QUEUE).members == [(b"\xff\xfenot-utf8", 1)]
+
+
+def test_take_reads_the_shards_term_with_the_batch(scripts: StockScripts,
+                                                  client: redis.Redis) -> None:
+    """The drainer releases only the items of entries of this term (restock.lua drops the
+    others as WRONG_TERM), so it comes from the same call as the batch."""
+    entries = queued(scripts, "oi-1")
+    client.set(term_key(NODE), 3)
+    assert scripts.take(NODE, QUEUE) == Taken(3, [])  # nothing due yet: the term alone
+    due_at(scripts, T0 + 2 * DEFAULT_DELAY_MS)
+    assert scripts.take(NODE, QUEUE) == Taken(3, [(format_entry(entries[0]).encode(), 1)])
 
 
 def test_discard_removes_only_for_the_lease_holder(
