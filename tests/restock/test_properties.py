@@ -3,8 +3,10 @@
 
 Each example places random orders, pays some, lets time pass, drains, re-delivers the redo
 log, bumps terms with rebuilds, opens a maintenance window, crashes a drainer between its
-payment lookup and its restock, and restarts a Redis node (which comes back empty); on the
-cluster, that last step moves the shard's slot to another master instead (resharding). After
+payment lookup and its restock, crashes a rebuild between its script calls (or after them,
+before it records the re-issued entries), and restarts a Redis node (which comes back empty);
+on the cluster, that last step moves the shard's slot to another master instead (resharding).
+After
 every settle, and at the end once every delay has passed, for every SKU:
 
     free stock in Redis + stock held by unpaid items + stock of paid items == total
@@ -30,6 +32,7 @@ from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.restock.keys import (
     delay_key,
     maintenance_lease_name,
+    meta_key,
     redo_cursor_key,
     redo_key,
     shard_tag,
@@ -46,7 +49,7 @@ MEMBERS = ["m-1", "m-2", "m-4"]
 
 
 class Crash(Exception):
-    """A drainer dying between its payment lookup and its restock script."""
+    """A drainer or a rebuild dying mid-way."""
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +80,7 @@ ops = st.lists(
         st.tuples(st.just("rebuild"), st.integers(0, 1)),
         st.tuples(st.just("maintain"), st.integers(0, 1)),
         st.tuples(st.just("crash"), st.integers(0, 1)),
+        st.tuples(st.just("crash_rebuild"), st.integers(0, 1), st.integers(1, 3)),
         st.tuples(st.just("restart"), st.integers(0, 1)),
     ),
     min_size=10,
@@ -167,6 +171,31 @@ class Workload:
                     pass
         finally:
             drainer.before_restock = None
+
+    def op_crash_rebuild(self, node: int, calls: int) -> None:
+        """A due rebuild dies right after its `calls`-th rebuild.lua call: the term is set
+        and the stock written, maybe some items re-issued in Redis, but none recorded in the
+        database (their records keep the older entry's text). Its lease ends with it; the
+        shard stays due, so a later rebuild (beat's, or `finish`) does the work again."""
+        shard = self.w.nodes[node]
+        made = 0
+
+        def dying(*args: Any) -> Any:
+            nonlocal made
+            reply = type(shard.scripts).rebuild(shard.scripts, *args)
+            made += 1
+            if made == calls:
+                raise Crash
+            return reply
+
+        shard.scripts.rebuild = dying  # type: ignore[method-assign]
+        shard.client.hset(meta_key(node), "next_maintain_ms", self.w.clock())  # window open
+        try:
+            self.w.rebuilders[node].rebuild()
+        except Crash:
+            pass
+        finally:
+            del shard.scripts.rebuild  # the class's method again
 
     def op_restart(self, node: int) -> None:
         if self.cluster is not None:  # reshard: the shard's slot moves to the next master
@@ -308,3 +337,47 @@ def test_a_stale_entry_drained_before_its_reissue_keeps_the_unit_counted(
 ) -> None:
     world = World(sessionmaker(engine, expire_on_commit=False), servers, FakeClockMs())
     check_workload(world, engine, STALE_ENTRY_DRAINED_FIRST)
+
+
+# A rebuild that dies after re-issuing held i-1 in Redis (term 1), before recording the new
+# entry in the database: i-1's record is still its term-0 entry. The drain takes the term-0
+# entry first (WRONG_TERM: i-1 must stay held), then the term-1 one, which must release and
+# restock i-1 once, although the database never recorded it (a claim by the recorded entry
+# would have restocked it and left it held: one unit counted twice).
+CRASHED_AFTER_REISSUE = [
+    ("order", "m-1", [("sku-a", 1)]),
+    ("order", "m-1", [("sku-a", 1)]),
+    ("pay", 0),
+    ("advance", DELAY_MS + 1),
+    ("crash_rebuild", 0, 2),  # stock, then i-1 re-issued; dies before recording it
+    ("settle",),
+    ("advance", 1),
+    ("settle",),
+]
+
+# A rebuild that dies after its term and stock, before re-issuing i-1: the term-0 entry meets
+# WRONG_TERM and i-1 stays held (its unit out of the free stock, as the rebuild counted it)
+# until the next rebuild re-issues it.
+CRASHED_BEFORE_REISSUE = [
+    ("order", "m-1", [("sku-a", 1)]),
+    ("order", "m-1", [("sku-a", 1)]),
+    ("pay", 0),
+    ("advance", DELAY_MS + 1),
+    ("crash_rebuild", 0, 1),  # term and stock only
+    ("settle",),
+    ("advance", 2 * DELAY_MS),
+    ("settle",),
+]
+
+
+@pytest.mark.parametrize("script", [CRASHED_AFTER_REISSUE, CRASHED_BEFORE_REISSUE],
+                         ids=["after-reissue", "before-reissue"])
+def test_a_crashed_rebuild_never_counts_a_unit_twice_or_loses_it(
+    servers: list[RedisServer], engine: Engine, script: list[tuple[Any, ...]]
+) -> None:
+    world = World(sessionmaker(engine, expire_on_commit=False), servers, FakeClockMs())
+    check_workload(world, engine, script)
+    with world.sessions() as session:
+        states = {oid: state for oid, state in session.execute(
+            select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.state))}
+    assert states == {"i-0": ItemState.PAID, "i-1": ItemState.RESTOCKED}
