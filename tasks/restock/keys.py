@@ -71,7 +71,8 @@ STOCK_PREFIX = "stock:"
 DEDUCTED_PREFIX = "deducted:"
 
 # term:{stock:N} -> integer, the shard's term. No TTL. Owner: the maintenance rebuild, which
-# bumps it; read by deduct.lua (stamped in entries) and restock.lua (WRONG_TERM).
+# bumps it; read by deduct.lua (stamped in entries), take.lua (with a drain batch: the drainer
+# releases only the items of that term's entries) and restock.lua (WRONG_TERM).
 TERM_PREFIX = "term:"
 
 # meta:{stock:N} -> hash {next_maintain_ms, rebuilt_ms}: when the shard's next maintenance

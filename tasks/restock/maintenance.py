@@ -19,7 +19,7 @@ syncs and drains wait and nothing moves under the recount::
          handed out twice even if Redis restarted empty
       3  rebuild.lua in chunks (token-checked): term, offset counter >= the database's,
          stock = total - held - paid, and a new redo entry in the new term for every unpaid
-         item still holding stock
+         item still holding stock; then DB: each new entry recorded on its item
       4  meta:{stock:N}: next window = shard clock + MAINTENANCE_EVERY; release the lease;
          the attempt count is deleted
 
@@ -31,7 +31,9 @@ replica, an empty restart). A stale shard refuses deductions (deduct.lua: STALE)
 Entries of older terms meet WRONG_TERM afterwards: the recount already returned (or kept) their
 stock, and each unpaid item has its new entry, due at its original time. A rebuild that dies
 leaves its lease to expire (the window closes by itself) and the shard still due, so the next
-beat tick runs it again; every step above can be repeated.
+beat tick runs it again; every step above can be repeated. An entry it issued in step 3 but
+died before recording still releases its item when drained: the drainer goes by the shard's
+term, not by the item's recorded entry (tasks.restock.drain).
 """
 
 from __future__ import annotations

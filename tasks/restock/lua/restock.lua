@@ -20,6 +20,7 @@
 --   'MAINTAINING'        shard in maintenance: nothing done for any entry (abort the batch)
 --   'LOCK_FAILED'        drain lease not held by token: nothing done (abort, re-acquire)
 --   'WRONG_TERM'         entry from an older term (the rebuild already counted it): removed
+--                        (the drainer, seeing the term in take.lua, left its item alone)
 --   'HAS_BEEN_CONSUMED'  offset not above the SKU's stored offset and the entry is not the
 --                        deduction on record: removed, no stock change
 --   'PAID'               paid, and the deduction on record is this entry: offset stored,
