@@ -24,6 +24,8 @@ if _XDIST_WORKER.startswith("gw"):
     _n = int(_XDIST_WORKER[2:])
     if _n < 4:  # databases 1..8 of the machine's Redis are the tests' own
         _redis = "redis://127.0.0.1:6379"
+    elif "TEST_WORKER_REDIS_URL" in os.environ:  # a process the xdist worker started
+        _redis = ""  # inherits the worker's URLs
     else:  # the rest are in use (demos, benchmarks): a redis-server of this worker's own
         _redis = _own_redis_server()
     os.environ.setdefault("TEST_REDIS_URL", f"{_redis}/{1 + 2 * (_n % 4)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,10 +244,20 @@ def test_replay_a_dead_letter(stack: Stack, browser: Any) -> None:
         assert client.AsyncResult(replayed.replay_task_id).get(timeout=120) == 0.05
     finally:
         client.close()
-    # A second replay is refused, and the page says why.
-    browser.execute_script("document.getElementById('btn-replay').disabled = false")
-    _css(browser, "#btn-replay").click()
-    _wait(browser, lambda d: _flash(d).startswith("refused:"), "the refusal")
+    # A second replay is refused, and the page says why. The page re-renders as it polls and
+    # may disable the button again between enabling and clicking it: press until refused.
+    pressed = [0.0]
+
+    def refused(driver: Any) -> bool:
+        if _flash(driver).startswith("refused:"):
+            return True
+        if time.monotonic() - pressed[0] > 3:  # the last press was lost: press again
+            driver.execute_script("document.getElementById('btn-replay').disabled = false")
+            _css(driver, "#btn-replay").click()
+            pressed[0] = time.monotonic()
+        return False
+
+    _wait(browser, refused, "the refusal")
     assert "already replayed" in _flash(browser)
 
 

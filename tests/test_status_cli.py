@@ -186,14 +186,17 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
     seeded = subprocess.run([sys.executable, "-m", "examples.seed", "--rows", "2000"], env=env,
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert seeded.returncode == 0, seeded.stderr
+    # Started and held back (2,000 rows take 100 s) before any worker runs, so a partition is
+    # still running when the piped status below is read, however busy the machine; the hold
+    # is lifted once it was.
+    for verb in (["start", "cm_data"], ["throttle", "cm_data", "20"]):
+        done = subprocess.run([sys.executable, "-m", "tasks", "jobs", *verb], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
     name = f"wst{uuid.uuid4().hex[:6]}"
     worker = start_worker(env, 2, name)
     app = Celery(broker=env["REDIS_URL"], backend=env["REDIS_URL"], set_as_current=False)
     try:
-        app.send_task("tasks.ranges.start", ["cm_data"]).get(timeout=60)
-        # Held back (2,000 rows take 100 s), so a partition is still running when the piped
-        # status below is read, however busy the machine; the hold is lifted once it was.
-        app.send_task("tasks.ranges.throttle", ["cm_data", 20]).get(timeout=60)
 
         def running() -> list[dict[str, Any]]:
             data = json.loads(status_cli(env, "--json").stdout)

@@ -55,8 +55,9 @@ def _running(cluster: Platform) -> Callable[[], object]:
 def test_pause_holds_every_partition_within_a_batch_and_resume_finishes_exactly_once(
         engine: Engine, platform: Callable[..., Platform]) -> None:
     seed_cm_data(engine, 8000)
+    # Small batches: the run outlasts the CLI's start-up however busy the machine.
     cluster = control_platform(platform, CM_DATA_PARTITION_SIZE="2000",
-                               CM_DATA_BATCH_DELAY=str(BATCH_S))
+                               CM_DATA_BATCH_SIZE=SMALL_BATCH, CM_DATA_BATCH_DELAY=str(BATCH_S))
     cluster.worker("a")
     if engine.dialect.name != "sqlite":  # SQLite runs one writer at a time anyway
         cluster.worker("b")
