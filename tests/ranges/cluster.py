@@ -58,6 +58,15 @@ class Platform:
         sent = celery_call(self.env, "tasks.ranges.start", "--args", f'["{job}"]')
         assert sent.returncode == 0, sent.stderr
 
+    def start_held(self, rows_per_s: float, job: str = "cm_data") -> None:
+        """Start the job and cap it from the operator CLI before any worker runs it: the run
+        cannot end before what a test does to it has landed, however busy the machine."""
+        done = subprocess.run([sys.executable, "-m", "tasks", "jobs", "start", job],
+                              env=self.env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        self.throttle(rows_per_s)
+
     def throttle(self, rows_per_s: float) -> None:
         """Cap the job's run (0 lifts the cap) from the operator CLI, which needs no worker:
         tests hold a run back with it until what they do to it has landed."""

@@ -126,12 +126,13 @@ def test_flushall_mid_run_still_finishes_exactly_once(
 ) -> None:
     seed_cm_data(engine, 20_000)
     cluster = platform(CM_DATA_BATCH_DELAY="0.02")
+    cluster.start_held(500)  # held until the flush has landed
     cluster.worker("a")
     cluster.worker("b")
     cluster.beat()
-    cluster.start_job()
-    wait_until(cluster.running_with_progress, 60, "a partition in progress")
+    wait_until(cluster.running_with_progress, 120, "a partition in progress")
     redis.Redis.from_url(cluster.redis_server.url).flushall()  # leases, fences, queued messages
+    cluster.throttle(0)
     cluster.wait_finished(timeout=150)
     cluster.assert_exactly_once(20_000)
 
