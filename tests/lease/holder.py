@@ -19,7 +19,7 @@ import time
 
 import redis
 
-from lease import LeaseError, Leases
+from lease import Lease, LeaseError, Leases
 
 
 def contend(url: str, name: str, iterations: int, threads: int) -> int:
@@ -64,7 +64,13 @@ def say(line: str) -> None:
 def hold(url: str, name: str, ttl: float) -> int:
     leases = Leases(redis.Redis.from_url(url))
     lease = leases.acquire(name, ttl=ttl)
-    lease.on_lost(lambda held: say(f"callback lost {held.fence}"))
+    called = threading.Event()
+
+    def lost(held: Lease) -> None:
+        say(f"callback lost {held.fence}")
+        called.set()
+
+    lease.on_lost(lost)
     say(f"acquired {lease.fence}")
     deadline = time.monotonic() + 20
     while not lease.lost_event.is_set() and time.monotonic() < deadline:
@@ -77,6 +83,9 @@ def hold(url: str, name: str, ttl: float) -> int:
             say(f"{step.__name__} ok")
         except LeaseError as exc:
             say(f"{step.__name__} {type(exc).__name__}")
+    # The keeper thread may call back just after the event is set: wait for it, or this
+    # process could exit (the keeper is a daemon thread) before it says so.
+    called.wait(5.0)
     say("exit")
     return 0
 
