@@ -48,12 +48,11 @@ def test_kill_9_of_a_worker_resumes_its_partition_elsewhere(
     engine: Engine, platform: Callable[..., Platform]
 ) -> None:
     seed_cm_data(engine, 10_000)
-    # 100 batches of 0.2 s: 20 s before the hold below lands, however busy the machine.
+    # Started held from the CLI before any worker runs it, however busy the machine.
     cluster = platform(CM_DATA_BATCH_DELAY="0.2", CM_DATA_BATCH_SIZE="100")
+    cluster.start_held(50)  # held until the survivor is up and the doomed worker is dead
     doomed = cluster.worker("doomed")
     cluster.beat()
-    cluster.start_job()
-    cluster.throttle(50)  # held until the survivor is up and the doomed worker is dead
     victim = wait_until(cluster.running_with_progress, 60, "a partition in progress")
     cluster.worker("survivor")
     doomed.kill()  # SIGKILL of the worker and its pool process: no handler runs
