@@ -5,7 +5,11 @@
         reserve_stock  charge  refund  release_stock
 
 Each step is journaled before it happens (`with step(...)`: write-ahead) and then writes to
-the order's ledger (a Redis list on the platform Redis); the step named by `fail_at` raises
+the order's ledger (a Redis list on the platform Redis), fenced: lua/saga_step.lua appends
+only while the step's journal lease holds its token, so a worker paused past the lease TTL
+cannot add a step after the sweeper began to undo the saga (`tasks.rollback.fences`; on a
+Redis Cluster the ledger and the lease are in different slots, and the step is appended
+unfenced, as an external effect would be). The step named by `fail_at` raises
 before it happens, so the task fails for good and the steps already done are undone in
 reverse order. The compensations are idempotent and do nothing for a step that never ran
 (lua/saga_undo.lua), as every compensation must be. The saga variants the rollback tests run
@@ -21,6 +25,8 @@ from redis.commands.core import Script
 
 from tasks.celery import app, settings
 from tasks.rollback.api import step
+from tasks.rollback.errors import JournalLost
+from tasks.rollback.fences import Fence
 from tasks.rollback.registry import compensation
 from tasks.rollback.settings import rollback_settings
 from tasks.store.resources import resources_for
@@ -32,6 +38,7 @@ __all__ = [
     "SAGA_PREFIX",
     "STEPS",
     "SagaStepFailed",
+    "apply_step",
     "cancel_shipment",
     "check_order",
     "ledger",
@@ -43,7 +50,7 @@ __all__ = [
 
 # saga:{ORDER} -> list of the step and undo names applied to one order, in order. TTL:
 # JOURNAL_RETENTION, refreshed by every entry (the ledger lives as long as the journal rows
-# that explain it). Owner: this module (_append and lua/saga_undo.lua).
+# that explain it). Owner: this module (lua/saga_step.lua and lua/saga_undo.lua).
 SAGA_PREFIX = "saga:"
 
 # The longest order id a saga accepts (it becomes part of a Redis key and of journal data).
@@ -53,8 +60,10 @@ MAX_ORDER_ID = 128
 STEPS = (("reserve_stock", "release_stock"), ("charge", "refund"), ("ship", "cancel_shipment"))
 _UNDONE = {undo: done for done, undo in STEPS}
 
-UNDO = (resources.files("tasks.examples") / "lua" / "saga_undo.lua").read_text(encoding="utf-8")
-_undo_script: Script | None = None  # registered once, run on this process's client
+_LUA = resources.files("tasks.examples") / "lua"
+UNDO = (_LUA / "saga_undo.lua").read_text(encoding="utf-8")
+APPLY = (_LUA / "saga_step.lua").read_text(encoding="utf-8")
+_scripts: dict[str, Script] = {}  # registered once each, run on this process's client
 
 
 class SagaStepFailed(Exception):
@@ -75,20 +84,32 @@ def ledger(order_id: str, client: Any = None) -> list[str]:
     return [entry.decode() for entry in client.lrange(_key(order_id), 0, -1)]
 
 
-def _append(order_id: str, entry: str) -> None:
-    with resources_for(settings).redis.pipeline() as pipe:
-        pipe.rpush(_key(order_id), entry)
-        pipe.pexpire(_key(order_id), _ttl_ms())
-        pipe.execute()
+def _script(client: Any, text: str) -> Script:
+    if text not in _scripts:
+        _scripts[text] = client.register_script(text)
+    return _scripts[text]
+
+
+def apply_step(order_id: str, entry: str, fence: Fence, client: Any = None) -> None:
+    """Append step `entry` to the order's ledger while `fence` still owns the journal, or
+    raise JournalLost (nothing appended)."""
+    client = client if client is not None else resources_for(settings).redis
+    if settings.redis_cluster_nodes:  # another slot than the lease: unfenced (see above)
+        with client.pipeline() as pipe:
+            pipe.rpush(_key(order_id), entry)
+            pipe.pexpire(_key(order_id), _ttl_ms())
+            pipe.execute()
+        return
+    if _script(client, APPLY)(keys=[_key(order_id), fence.key],
+                              args=[fence.token, entry, _ttl_ms()], client=client) != 1:
+        raise JournalLost(f"order {order_id}: step {entry} refused, its journal was taken "
+                          "over (the saga is being undone)")
 
 
 def _undo(data: dict[str, Any], undo: str) -> None:
-    global _undo_script
     client = resources_for(settings).redis
-    if _undo_script is None:
-        _undo_script = client.register_script(UNDO)
-    _undo_script(keys=[_key(data["order_id"])], args=[_UNDONE[undo], undo, _ttl_ms()],
-                 client=client)
+    _script(client, UNDO)(keys=[_key(data["order_id"])], args=[_UNDONE[undo], undo, _ttl_ms()],
+                          client=client)
 
 
 @compensation("release_stock")
@@ -123,8 +144,8 @@ def run_steps(order_id: str, fail_at: str | None, steps: tuple[tuple[str, str], 
     for name, undo in steps:
         if name == fail_at:
             raise SagaStepFailed(f"order {order_id}: step {name} failed")
-        with step(name, undo=undo, data={"order_id": order_id, "step": name}):
-            _append(order_id, name)
+        with step(name, undo=undo, data={"order_id": order_id, "step": name}) as done:
+            apply_step(order_id, name, done.fence)
 
 
 @app.task(name="tasks.examples.order_saga", base=PlatformTask, soft_time_limit=50,

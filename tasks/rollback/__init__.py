@@ -33,9 +33,11 @@ delivery) has fenced the old owner out, in the database, whatever Redis said or 
            then compensate the rows that existed, newest first
 
 A paused owner that wakes after a takeover can neither add a step nor succeed. An effect it
-had already begun (its intent committed before the takeover) may land after the sweeper ran
-its compensation, so the owner, finding its confirmation refused, runs that step's
-compensation once more (idempotent) before it raises JournalLost.
+had already begun (its intent committed before the takeover) is refused by a store that checks
+the step's fence (`fences`: the journal lease still holds the owner's token, checked in the
+same atomic write). An effect nothing fenced may land after the sweeper ran its compensation,
+so the owner, finding its confirmation refused, runs that step's compensation once more
+(idempotent) before it raises JournalLost.
 
 What happens to a journal afterwards:
 

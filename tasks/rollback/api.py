@@ -18,6 +18,7 @@ from celery import Task, current_task
 
 from tasks.celery import settings
 from tasks.rollback.errors import NotInTask
+from tasks.rollback.fences import Step
 from tasks.rollback.journals import Journal, carries_over
 from tasks.rollback.runner import RollbackReport
 from tasks.rollback.tables import OwnerState
@@ -92,16 +93,18 @@ def checkpoint(name: str, undo: str, data: dict[str, Any]) -> int:
 
 
 @contextmanager
-def step(name: str, undo: str, data: dict[str, Any]) -> Iterator[int]:
-    """``with step("ship", undo="cancel_shipment", data={...}): ship()``: the step is
-    journaled as intended before the block runs and confirmed after it.
+def step(name: str, undo: str, data: dict[str, Any]) -> Iterator[Step]:
+    """``with step("ship", undo="cancel_shipment", data={...}) as s: ship(fence=s.fence)``:
+    the step is journaled as intended before the block runs and confirmed after it.
 
-    If entering raises (JournalLost above all), the block has not run. If confirming finds
-    the journal taken over, the step's compensation runs again and JournalLost is raised.
+    If entering raises (JournalLost above all), the block has not run. A store that checks
+    `s.fence` (`tasks.rollback.fences`) refuses the effect once the journal is taken over.
+    If confirming finds the journal taken over, the step's compensation runs again (for an
+    effect nothing fenced) and JournalLost is raised.
     """
     task_name, task_id, attempt = _running()
-    with journal().step(task_id, task_name, attempt, name, undo, data) as seq:
-        yield seq
+    with journal().step(task_id, task_name, attempt, name, undo, data) as handle:
+        yield handle
 
 
 def rollback(task_id: str, reason: str) -> RollbackReport:

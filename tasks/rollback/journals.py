@@ -26,8 +26,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseError, Leases, NotAcquired
+from lease.keys import lease_key
 from tasks.celery import settings
 from tasks.rollback.errors import JournalBusy, JournalLost, RollbackError
+from tasks.rollback.fences import Fence, Step
 from tasks.rollback.keys import handover_key, journal_lease_name
 from tasks.rollback.registry import require
 from tasks.rollback.runner import (
@@ -149,13 +151,16 @@ class Journal:
 
     @contextmanager
     def step(self, task_id: str, task_name: str, attempt: int, name: str, undo: str,
-             data: dict[str, Any]) -> Iterator[int]:
-        """Journal step `name` as intended, run the block (its effect), then confirm it.
+             data: dict[str, Any]) -> Iterator[Step]:
+        """Journal step `name` as intended, run the block (its effect, given the step's
+        fence: `tasks.rollback.fences`), then confirm it.
 
         If the block raises, the row stays 'intended' and the failure's rollback undoes it.
         """
         seq = self.record(task_id, task_name, attempt, name, undo, data, intended=True)
-        yield seq
+        with self._lock:
+            lease = self._open[task_id].lease
+        yield Step(seq, Fence(lease_key(lease.name), lease.token))
         self.confirm(task_id, seq)
 
     def confirm(self, task_id: str, seq: int) -> None:

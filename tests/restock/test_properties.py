@@ -298,14 +298,19 @@ REDELIVERED_AHEAD = [
 ]
 
 
+def item_states(world: World) -> dict[str, str]:
+    """Every order item's state, by its id."""
+    with world.sessions() as session:
+        return {oid: state for oid, state in session.execute(
+            select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.state))}
+
+
 def test_a_redelivered_entry_never_makes_a_lower_offset_one_consumed(
     servers: list[RedisServer], engine: Engine
 ) -> None:
     world = World(sessionmaker(engine, expire_on_commit=False), servers, FakeClockMs())
     check_workload(world, engine, REDELIVERED_AHEAD)
-    with world.sessions() as session:
-        states = {oid: state for oid, state in session.execute(
-            select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.state))}
+    states = item_states(world)
     # check_workload found every unit of sku-a back but i-0's (paid); each item says so too.
     assert states == {"i-0": ItemState.PAID, **{f"i-{i}": ItemState.RESTOCKED
                                                  for i in range(1, 6)},
@@ -377,7 +382,5 @@ def test_a_crashed_rebuild_never_counts_a_unit_twice_or_loses_it(
 ) -> None:
     world = World(sessionmaker(engine, expire_on_commit=False), servers, FakeClockMs())
     check_workload(world, engine, script)
-    with world.sessions() as session:
-        states = {oid: state for oid, state in session.execute(
-            select(ORDER_ITEMS.c.order_item_id, ORDER_ITEMS.c.state))}
+    states = item_states(world)
     assert states == {"i-0": ItemState.PAID, "i-1": ItemState.RESTOCKED}

@@ -21,6 +21,7 @@ from sqlalchemy.orm import sessionmaker
 from lease import Leases
 from lease.keys import fence_key, lease_key
 from tasks.celery import app
+from tasks.examples.saga import apply_step, ledger
 from tasks.rollback.api import checkpoint, set_journal, step
 from tasks.rollback.errors import JournalLost, NotInTask
 from tasks.rollback.journals import Journal
@@ -67,6 +68,13 @@ def lapsing(self: PlatformTask, then: str) -> str:
     if then == "ship-late":  # the takeover falls between the intent and its effect
         with step("ship", undo="test.aware", data={"step": "ship"}):
             _take_over(self.request.id)
+            effects.append("ship")
+        return "shipped"
+    if then == "ship-fenced":  # the same, with the example saga's fenced effect
+        with step("ship", undo="test.aware", data={"step": "ship"}) as s:
+            _take_over(self.request.id)
+            assert _current is not None and _current.leases is not None
+            apply_step("o-late", "ship", s.fence, client=_current.leases.client)
             effects.append("ship")
         return "shipped"
     _take_over(self.request.id)
@@ -152,6 +160,39 @@ def test_an_effect_that_lands_after_its_compensation_is_compensated_again(
     assert sorted(undone) == sorted(effects)  # every effect undone exactly once
     assert rows(any_journal, result.id) == [
         ("reserve", "compensated"), ("charge", "compensated"), ("ship", "compensated")]
+
+
+def test_a_fenced_effect_is_refused_once_the_journal_is_taken_over(
+    any_journal: Journal, redis_client: redis.Redis
+) -> None:
+    """The example saga's effect checks its step's fence in the same script (saga_step.lua),
+    so a step whose journal was taken over between its intent and its effect never lands:
+    the sweeper's compensations are the last word (nemesis seed 1, nem-saga-224)."""
+    result = lapsing.apply(args=("ship-fenced",))
+    assert isinstance(result.result, JournalLost), result.result
+    assert "refused" in str(result.result)
+    assert ledger("o-late", redis_client) == []  # ship never landed
+    assert effects == ["reserve", "charge"]
+    assert calls == ["ship", "charge", "reserve"]  # the sweeper's, once each
+    assert rows(any_journal, result.id) == [
+        ("reserve", "compensated"), ("charge", "compensated"), ("ship", "compensated")]
+
+
+@app.task(name="tests.rollback.fenced", base=PlatformTask)
+def fenced(order_id: str) -> None:
+    for name in ("reserve_stock", "charge"):
+        with step(name, undo="test.aware", data={"step": name}) as s:
+            assert _current is not None and _current.leases is not None
+            apply_step(order_id, name, s.fence, client=_current.leases.client)
+
+
+def test_a_fenced_effect_of_the_owner_lands(
+    any_journal: Journal, redis_client: redis.Redis
+) -> None:
+    result = fenced.apply(args=("o-live",))
+    assert result.state == "SUCCESS", result.result
+    assert ledger("o-live", redis_client) == ["reserve_stock", "charge"]
+    assert 0 < redis_client.pttl("saga:o-live")
 
 
 def test_success_deletes_the_journal_and_leaves_no_key_without_a_ttl(
