@@ -49,6 +49,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                              f"default {', '.join(DEFAULT_DBS)})")
     parser.add_argument("--parts", default="1000,10000", help="partition counts")
     parser.add_argument("--rows-per-part", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=None,
+                        help="the table's rows for every partition count (then the "
+                             "partitions are rows / parts long; default: parts x "
+                             "rows-per-part)")
     parser.add_argument("--slots", type=int, default=2, help="the range worker's processes")
     parser.add_argument("--child", nargs=2, metavar=("DB", "PARTS"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -105,19 +109,51 @@ def child(db: str, parts: int, rows_per_part: int) -> dict[str, Any]:
         began = time.monotonic()
         start_job("cm_data", "bench")
         start_s = time.monotonic() - began
-        rounds = _rounds_until_done(due_now, _round, current_run, RunState.SUCCEEDED)
+        seen: dict[str, Any] = {}
+        aside = threading.Thread(target=lambda: seen.update(snapshot()), daemon=True)
+        rounds = _rounds_until_done(due_now, _round, current_run, RunState.SUCCEEDED,
+                                    aside.start)
         seconds = time.monotonic() - began
+        if aside.ident is None:  # the run ended before a second round: after it, then
+            aside.start()
+        aside.join(300)
     finally:
         max_queue = depth.close()
         fleet.stop_all()
     return {"parts": parts, "start_s": round(start_s, 3),
             "round_p50_s": round(statistics.median(rounds), 4),
             "round_p99_s": round(_p99(rounds), 4), "rounds": len(rounds),
-            "max_queue": max_queue, "rows_per_s": round(parts * rows_per_part / seconds, 1)}
+            "max_queue": max_queue, "rows_per_s": round(parts * rows_per_part / seconds, 1),
+            **seen}
 
 
-def _rounds_until_done(due_now: Any, round_of: Any, current_run: Any,
-                       succeeded: str) -> list[float]:
+def snapshot() -> dict[str, Any]:
+    """Mid-run (after the second round): `python -m tasks status --json` as an operator runs
+    it (a new process: interpreter, imports and the queries), the console job page's API call
+    (`tasks.console.actions.job_detail`, in this process, without HTTP), and the Redis the run
+    uses (keys and memory)."""
+    from tasks.console.actions import job_detail, partition_query
+
+    began = time.monotonic()
+    status = subprocess.run([sys.executable, "-m", "tasks", "status", "--json"], cwd=ROOT,
+                            capture_output=True, timeout=120, check=True)
+    status_s = time.monotonic() - began
+    job_detail("cm_data", partition_query([], None, "", None, None))  # connections warm
+    began = time.monotonic()
+    page = job_detail("cm_data", partition_query([], None, "", None, None))
+    console_s = time.monotonic() - began
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    try:
+        keys, memory = client.dbsize(), client.info("memory")["used_memory"]
+    finally:
+        client.close()
+    return {"status_json_s": round(status_s, 3), "status_json_bytes": len(status.stdout),
+            "console_api_s": round(console_s, 4), "console_api_parts": len(page["partitions"]),
+            "redis_keys": keys, "redis_used_memory": memory}
+
+
+def _rounds_until_done(due_now: Any, round_of: Any, current_run: Any, succeeded: str,
+                       midway: Any) -> list[float]:
     from tasks.celery import settings
     from tasks.store.resources import resources_for
 
@@ -132,6 +168,8 @@ def _rounds_until_done(due_now: Any, round_of: Any, current_run: Any,
         began = time.monotonic()
         round_of("cm_data")
         rounds.append(time.monotonic() - began)
+        if len(rounds) == 2:
+            midway()
         time.sleep(INTERVAL)
     raise RuntimeError("the run did not succeed within 30 minutes")
 
@@ -141,14 +179,15 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-def _one(args: argparse.Namespace, env: dict[str, str], db: str, parts: int) -> dict[str, Any]:
+def _one(args: argparse.Namespace, env: dict[str, str], db: str, parts: int,
+         per_part: int) -> dict[str, Any]:
     url = db
     if db == "sqlite":
         url = f"sqlite:///{tempfile.mkdtemp(prefix='bench-scale-')}/scale.sqlite"
     ensure_database(url)
     done = subprocess.run(
         [sys.executable, "-m", "bench", "scale", "--child", url, str(parts),
-         "--rows-per-part", str(args.rows_per_part)],
+         "--rows-per-part", str(per_part)],
         env=dict(env, DATABASE_URL=url), cwd=ROOT, capture_output=True, text=True,
         timeout=2400)
     if done.returncode != 0:
@@ -182,7 +221,9 @@ def main(argv: list[str]) -> int:
     try:
         for db in dbs:
             for parts in (int(p) for p in args.parts.split(",")):
-                results.append(_one(args, env, db, parts))
+                per_part = args.rows_per_part if args.rows is None else -(-args.rows // parts)
+                results.append(_one(args, dict(env, CM_DATA_PARTITION_SIZE=str(per_part)),
+                                    db, parts, per_part))
     finally:
         scratch.stop()
     print(json.dumps({"slots": args.slots, "runs": results}))
