@@ -54,6 +54,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                              "partitions are rows / parts long; default: parts x "
                              "rows-per-part)")
     parser.add_argument("--slots", type=int, default=2, help="the range worker's processes")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="jobs of --parts partitions each over one table (job K owns the "
+                             "ids K modulo N); each keeps at most --runners runner messages")
+    parser.add_argument("--runners", type=int, default=None,
+                        help="RANGE_RUNNERS (default: --slots for one job, 1 for several)")
     parser.add_argument("--child", nargs=2, metavar=("DB", "PARTS"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -80,67 +85,77 @@ class QueueDepth:
 
 
 def child(db: str, parts: int, rows_per_part: int) -> dict[str, Any]:
-    """One configuration, in this process (its environment set by `main`)."""
+    """One configuration, in this process (its environment set by `main`): `parts` partitions
+    of one job `cm_data`, or with BENCH_SCALE_JOBS=N, N jobs of `parts` partitions each."""
     from devtools.demo import Fleet, reset_database
     from examples.seed import seed_cm_data
     from examples.tables import migrate
-    from tasks.ranges.reconciler import due_now
-    from tasks.ranges.runs import current_run
-    from tasks.ranges.tables import RunState
-    from tasks.ranges.tasks import _round, start_job
     from tasks.store.migrate import upgrade
     from tasks.store.resources import make_engine
 
+    jobs = int(os.environ.get("BENCH_SCALE_JOBS") or "0")
     engine = make_engine(db)
     reset_database(engine)
     upgrade(engine)
     migrate(engine)
-    seed_cm_data(engine, parts * rows_per_part)
+    seed_cm_data(engine, max(jobs, 1) * parts * rows_per_part)
     engine.dispose()
     flush(os.environ["REDIS_URL"])
     logs = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     fleet = Fleet(os.environ, logs)
-    fleet.start("range", "worker", "-P", "prefork", "-c", os.environ["RANGE_RUNNERS"], "-n",
-                "range@%h", "-Q", "ranges,celery", "--loglevel=INFO", "--without-mingle",
-                "--without-gossip")
+    fleet.start("range", "worker", "-P", "prefork", "-c", os.environ["BENCH_SCALE_SLOTS"],
+                "-n", "range@%h", "-Q", "ranges,celery", "--loglevel=INFO",
+                "--without-mingle", "--without-gossip")
     fleet.wait_ready("range", "ready.", timeout=120)
     depth = QueueDepth(os.environ["REDIS_URL"])
     try:
-        began = time.monotonic()
-        start_job("cm_data", "bench")
-        start_s = time.monotonic() - began
-        seen: dict[str, Any] = {}
-        aside = threading.Thread(target=lambda: seen.update(snapshot()), daemon=True)
-        rounds = _rounds_until_done(due_now, _round, current_run, RunState.SUCCEEDED,
-                                    aside.start)
-        seconds = time.monotonic() - began
-        if aside.ident is None:  # the run ended before a second round: after it, then
-            aside.start()
-        aside.join(300)
+        found = _measure(jobs)
     finally:
         max_queue = depth.close()
         fleet.stop_all()
-    return {"parts": parts, "start_s": round(start_s, 3),
-            "round_p50_s": round(statistics.median(rounds), 4),
-            "round_p99_s": round(_p99(rounds), 4), "rounds": len(rounds),
-            "max_queue": max_queue, "rows_per_s": round(parts * rows_per_part / seconds, 1),
+    rows = max(jobs, 1) * parts * rows_per_part
+    seconds = found.pop("seconds")
+    return {"parts": max(jobs, 1) * parts, "jobs": max(jobs, 1), **found,
+            "max_queue": max_queue, "rows_per_s": round(rows / seconds, 1)}
+
+
+def _measure(jobs: int) -> dict[str, Any]:
+    """Start the jobs (timed), then play beat's reconcile rounds (each timed) until every run
+    succeeded, with the snapshot on a thread after the second round."""
+    from bench.scale_jobs import job_names
+    from tasks.ranges.tasks import start_job
+
+    names = job_names(jobs) if jobs else ["cm_data"]
+    began = time.monotonic()
+    for name in names:
+        start_job(name, "bench")
+    start_s = time.monotonic() - began
+    seen: dict[str, Any] = {}
+    aside = threading.Thread(target=lambda: seen.update(snapshot(names[0])), daemon=True)
+    rounds = _rounds_until_done(names, aside.start)
+    seconds = time.monotonic() - began
+    if aside.ident is None:  # the run ended before a second round: after it, then
+        aside.start()
+    aside.join(300)
+    return {"start_s": round(start_s, 3), "round_p50_s": round(statistics.median(rounds), 4),
+            "round_p99_s": round(_p99(rounds), 4), "rounds": len(rounds), "seconds": seconds,
             **seen}
 
 
-def snapshot() -> dict[str, Any]:
+def snapshot(job: str) -> dict[str, Any]:
     """Mid-run (after the second round): `python -m tasks status --json` as an operator runs
     it (a new process: interpreter, imports and the queries), the console job page's API call
-    (`tasks.console.actions.job_detail`, in this process, without HTTP), and the Redis the run
-    uses (keys and memory)."""
+    for `job` (`tasks.console.actions.job_detail`, in this process, without HTTP), and the
+    Redis the run uses (keys and memory)."""
     from tasks.console.actions import job_detail, partition_query
 
     began = time.monotonic()
     status = subprocess.run([sys.executable, "-m", "tasks", "status", "--json"], cwd=ROOT,
                             capture_output=True, timeout=120, check=True)
     status_s = time.monotonic() - began
-    job_detail("cm_data", partition_query([], None, "", None, None))  # connections warm
+    job_detail(job, partition_query([], None, "", None, None))  # connections warm
     began = time.monotonic()
-    page = job_detail("cm_data", partition_query([], None, "", None, None))
+    page = job_detail(job, partition_query([], None, "", None, None))
     console_s = time.monotonic() - began
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     try:
@@ -152,26 +167,32 @@ def snapshot() -> dict[str, Any]:
             "redis_keys": keys, "redis_used_memory": memory}
 
 
-def _rounds_until_done(due_now: Any, round_of: Any, current_run: Any, succeeded: str,
-                       midway: Any) -> list[float]:
+def _rounds_until_done(names: list[str], midway: Any) -> list[float]:
+    """Beat's reconcile round (`tasks.ranges.reconcile`'s body: every active job), each made
+    due first and timed, until every job's run succeeded."""
     from tasks.celery import settings
+    from tasks.ranges.reconciler import due_now
+    from tasks.ranges.runs import current_run
+    from tasks.ranges.tables import RunState
+    from tasks.ranges.tasks import reconcile
     from tasks.store.resources import resources_for
 
     sessions = resources_for(settings).sessions
     rounds: list[float] = []
     deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
-        run = current_run(sessions, "cm_data")
-        if run is not None and run.state == succeeded:
+        runs = [current_run(sessions, name) for name in names]
+        if all(run is not None and run.state == RunState.SUCCEEDED for run in runs):
             return rounds
-        due_now(sessions, "cm_data")
+        for name in names:
+            due_now(sessions, name)
         began = time.monotonic()
-        round_of("cm_data")
+        reconcile()
         rounds.append(time.monotonic() - began)
         if len(rounds) == 2:
             midway()
         time.sleep(INTERVAL)
-    raise RuntimeError("the run did not succeed within 30 minutes")
+    raise RuntimeError("the runs did not succeed within 30 minutes")
 
 
 def _p99(values: list[float]) -> float:
@@ -210,8 +231,12 @@ def main(argv: list[str]) -> int:
         return 2
     env = dict(os.environ, REDIS_URL=scratch.url, BROKER_URL=scratch.url,
                RESULT_BACKEND=scratch.url, PYTHONPATH=str(ROOT),
-               EXTRA_TASK_MODULES=BENCH_JOB_MODULES, RECONCILE_INTERVAL=str(INTERVAL),
-               RANGE_RUNNERS=str(args.slots), CM_DATA_PARTITION_SIZE=str(args.rows_per_part),
+               EXTRA_TASK_MODULES=f"{BENCH_JOB_MODULES},bench.scale_jobs",
+               RECONCILE_INTERVAL=str(INTERVAL),
+               RANGE_RUNNERS=str(args.runners or (args.slots if args.jobs <= 1 else 1)),
+               BENCH_SCALE_SLOTS=str(args.slots),
+               BENCH_SCALE_JOBS=str(args.jobs if args.jobs > 1 else 0),
+               CM_DATA_PARTITION_SIZE=str(args.rows_per_part),
                CM_DATA_BATCH_SIZE="500", CM_DATA_BATCH_DELAY="0", CM_DATA_PARALLELISM="1",
                CM_DATA_TARGET_BATCH_S="0")
     dbs = args.db or list(DEFAULT_DBS)
@@ -222,9 +247,11 @@ def main(argv: list[str]) -> int:
         for db in dbs:
             for parts in (int(p) for p in args.parts.split(",")):
                 per_part = args.rows_per_part if args.rows is None else -(-args.rows // parts)
-                results.append(_one(args, dict(env, CM_DATA_PARTITION_SIZE=str(per_part)),
+                # A job's partition covers per_part of its rows: jobs x per_part ids.
+                size = per_part * max(args.jobs, 1)
+                results.append(_one(args, dict(env, CM_DATA_PARTITION_SIZE=str(size)),
                                     db, parts, per_part))
     finally:
         scratch.stop()
-    print(json.dumps({"slots": args.slots, "runs": results}))
+    print(json.dumps({"slots": args.slots, "jobs": args.jobs, "runs": results}))
     return 0
