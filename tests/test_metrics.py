@@ -212,17 +212,18 @@ def test_a_takeover_after_kill_9_is_counted_on_the_survivor(
                         CM_DATA_BATCH_SIZE="100", CM_DATA_BATCH_DELAY="0.3")
     ports = [free_port(), free_port()]
     try:
+        platform.start_held(100)  # held until the kill has landed, however busy the machine
         workers = [start_worker(dict(platform.env, METRICS_PORT=str(port)), 1, f"m{i}")
                    for i, port in enumerate(ports)]
         platform.procs.extend(workers)
         platform.beat()
-        platform.start_job()
 
         def both_running() -> bool:
             return sum(p.status == "running" and p.next_id > p.lo for p in platform.parts()) == 2
 
         wait_until(both_running, 60, f"both partitions running: {platform.parts()}")
         workers[0].kill()
+        platform.throttle(0)
         platform.wait_finished(120)
         survivor = scrape(ports[1])
     finally:

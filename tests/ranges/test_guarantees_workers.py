@@ -187,15 +187,17 @@ def test_a_redis_restart_mid_run_finishes_exactly_once_without_an_operator(
         broker.close()
     seed_cm_data(engine, 10_000)
     cluster = platform(BROKER_URL=broker_url, RESULT_BACKEND=private_redis.url,
-                       CM_DATA_PARTITION_SIZE="5000", CM_DATA_BATCH_DELAY="0.1")
+                       CM_DATA_PARTITION_SIZE="5000", CM_DATA_BATCH_SIZE="200",
+                       CM_DATA_BATCH_DELAY="0.05")
+    cluster.start_held(400)  # held until the restart has landed, however busy the machine
     cluster.worker("a")
     cluster.worker("b")
     cluster.beat()
-    cluster.start_job()
     wait_until(cluster.running_with_progress, 60, "a partition in progress")
     private_redis.kill()
     time.sleep(1.0)
     private_redis.start()
+    cluster.throttle(0)  # the cap, if the restart left it (the run's row keeps it), lifted
     cluster.wait_finished(timeout=150)
     cluster.assert_exactly_once(10_000)
     parts = cluster.parts()

@@ -43,10 +43,10 @@ def test_a_range_job_on_sentinel_survives_the_master_failing_over(
         cluster = platform(REDIS_URL=group.sentinel_urls, SENTINEL_MASTER=MASTER_NAME,
                            CM_DATA_BATCH_DELAY="0.2")
         try:
+            cluster.start_held(500)  # held until the failover has landed, however busy
             cluster.worker("a")
             cluster.worker("b")
             cluster.beat()
-            cluster.start_job()
             wait_until(cluster.running_with_progress, 90, "a partition in progress")
             at_kill = processed(engine)
             killed = time.monotonic()
@@ -54,6 +54,7 @@ def test_a_range_job_on_sentinel_survives_the_master_failing_over(
             wait_until(lambda: processed(engine) > at_kill + 200, 120,
                        "a batch committed after the failover")
             recovered_s = time.monotonic() - killed
+            cluster.throttle(0)
             cluster.wait_finished(timeout=150)
             finished_s = time.monotonic() - killed
         finally:
