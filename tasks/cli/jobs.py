@@ -110,13 +110,13 @@ def _dry_run(job: str, given: dict[str, str] | None, as_json: bool) -> None:
     from tasks.cli.render import dry_run_lines
     from tasks.ranges.dryrun import dry_run
     from tasks.ranges.jobs import get_job
+    from tasks.ranges.params import values_of
 
     with open_resources() as res, _refusals():
         require_tables(res)
         found = get_job(job)
         params, stored = found.make_params(given)
-        report = dry_run(res.sessions, found, params,
-                         json.loads(stored) if stored else None)
+        report = dry_run(res.sessions, found, params, values_of(stored))
     if as_json:
         click.echo(json.dumps(report.as_dict()))
         return
@@ -168,7 +168,8 @@ def throttle(job: str, rows_per_s: str) -> None:
 def runs(job: str, limit: int, as_json: bool) -> None:
     """The run history of JOB: state, times, rows, throttle, and who asked for what."""
     from tasks.ranges.jobs import get_job
-    from tasks.ranges.runs import events_of, params_text, runs_of
+    from tasks.ranges.params import as_text, values_of
+    from tasks.ranges.runs import events_of, runs_of
 
     _load_jobs()
     with open_resources() as res, _refusals():
@@ -188,7 +189,7 @@ def runs(job: str, limit: int, as_json: bool) -> None:
         cap = f"{r.rows_per_s:g} rows/s" if r.rows_per_s else "-"
         click.echo(f"run {r.id}  {r.state:<9}  started {d['started_at']}  finished "
                    f"{d['finished_at'] or '-'}  rows {r.rows}  throttle {cap}"
-                   + (f"  params {params_text(r.params)}" if r.params else ""))
+                   + (f"  params {as_text(values_of(r.params))}" if r.params else ""))
         for e in events[r.id]:
             click.echo(f"    {e.as_dict()['at']}  {e.verb:<12} by {e.actor}"
                        + (f"  ({e.detail})" if e.detail else ""))

@@ -16,6 +16,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from tasks.ranges.params import as_text
 from tasks.ranges.status import format_eta
 from tasks.ranges.tables import PartitionStatus
 from tasks.store.db import utcnow
@@ -59,9 +60,7 @@ def quote_text(text: str, limit: int = 48) -> str:
 
 def dry_run_lines(report: dict[str, Any]) -> list[str]:
     """`jobs start JOB --dry-run` as plain lines (`tasks.ranges.dryrun.DryRun.as_dict`)."""
-    params = report["params"]
-    shown = " ".join(f"{k}={'' if v is None else v}" for k, v in params.items()) if params \
-        else "none"
+    shown = as_text(report["params"])
     about = "" if report["estimate_exact"] else "about "
     lines = [f"dry run of {report['job']} (params: {shown})",
              f"plan: {report['partitions_total']} partitions, estimated rows {about}"

@@ -18,7 +18,6 @@ the run's state to the job's Redis control hash, which the runners read before e
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,13 +30,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.jobs import RangeJob, get_job
 from tasks.ranges.keys import range_schedule_name
+from tasks.ranges.params import as_text, values_of
 from tasks.ranges.reconciler import activate_in
 from tasks.ranges.runs import (
     Run,
     change_state,
     current_run,
     open_run,
-    params_text,
     park_unleased,
     record,
     write_flags,
@@ -145,9 +144,9 @@ class Controls:
         if live and params is None:
             return None
         stored = job.make_params(params)[1]
-        if run is not None and live and _decoded(stored) != _decoded(run.params):
+        if run is not None and live and values_of(stored) != values_of(run.params):
             raise ControlRefused(f"start {job.name}: run {run.id} is {run.state} with "
-                                 f"parameters {params_text(run.params)}; cancel it first to "
+                                 f"parameters {as_text(values_of(run.params))}; cancel it first to "
                                  "start one with other parameters")
         return stored
 
@@ -307,10 +306,6 @@ class Controls:
             return self.kick(job)
         except (RedisError, OSError, OperationalError) as exc:
             return {"deferred": _deferred("the reconcile round", exc)}
-
-
-def _decoded(stored: str | None) -> Any:
-    return json.loads(stored) if stored else None
 
 
 def _deferred(what: str, exc: BaseException) -> str:

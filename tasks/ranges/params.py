@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from tasks.store.validate import InvalidArguments, quote
 
 __all__ = ["InvalidParams", "ParamField", "fields_of", "parse_pairs", "build", "encode",
-           "decode", "MAX_TEXT", "MAX_JSON"]
+           "decode", "values_of", "as_text", "MAX_TEXT", "MAX_JSON"]
 
 MAX_TEXT = 1000  # characters of one str value
 MAX_JSON = 16_384  # characters of a run's encoded parameters
@@ -185,6 +185,19 @@ def encode(params: object) -> str | None:
         raise InvalidParams(f"parameters take {len(text)} characters as JSON (at most "
                             f"{MAX_JSON})")
     return text
+
+
+def values_of(stored: str | None) -> dict[str, Any] | None:
+    """A run's stored parameters as a dict of JSON values (None: none stored)."""
+    return json.loads(stored) if stored else None
+
+
+def as_text(values: Mapping[str, Any] | None) -> str:
+    """Parameters as an operator types them: `tenant=42 since=2026-01-01` (None: empty),
+    or `-` for none."""
+    if not values:
+        return "-"
+    return " ".join(f"{k}={'' if v is None else v}" for k, v in values.items())
 
 
 def decode(job: str, cls: type | None, text: str | None) -> Any:

@@ -13,7 +13,6 @@ the reconciler's end-of-run check never both win.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.ranges.keys import range_control_key, range_lease_name, range_schedule_name
+from tasks.ranges.params import values_of
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import park_idle, partitions_of
@@ -32,7 +32,7 @@ from tasks.store.db import WRITE_INTENT, affected, utcnow
 
 __all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
            "change_state", "run_rows", "write_flags", "enforce", "RECONCILER",
-           "writing", "park_unleased", "statuses", "stored_params", "params_text"]
+           "writing", "park_unleased", "statuses", "stored_params"]
 
 RECONCILER = "reconciler"  # the actor of the events the reconciler records
 
@@ -56,7 +56,7 @@ class Run:
         return {"run": self.id, "job": self.job, "state": self.state,
                 "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
                 "rows": self.rows, "rows_per_s": self.rows_per_s,
-                "params": json.loads(self.params) if self.params else None}
+                "params": values_of(self.params)}
 
 
 @dataclass(frozen=True)
@@ -139,13 +139,6 @@ def stored_params(session: Session, job: str) -> str | None:
     one indexed read, what a partition's holder builds `ctx.params` from."""
     return session.execute(select(RANGE_RUNS.c.params).where(RANGE_RUNS.c.job == job)
                            .order_by(RANGE_RUNS.c.id.desc()).limit(1)).scalar()
-
-
-def params_text(params: str | None) -> str:
-    """A run's stored parameters as `name=value name=value` ('-' for none)."""
-    if not params:
-        return "-"
-    return " ".join(f"{k}={'' if v is None else v}" for k, v in json.loads(params).items())
 
 
 def open_run(session: Session, job: str, actor: str, rows_per_s: float | None,
