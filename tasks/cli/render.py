@@ -73,7 +73,8 @@ def dry_run_lines(report: dict[str, Any]) -> list[str]:
                      "more")
     sample = report["sample"]
     if report["sql"] is not None:
-        lines += [f"first batch (part {sample['part']}):", f"  {report['sql']}",
+        lines += [f"first batch (part {sample['part']}):",
+                  *(f"  {line.strip()}" for line in report["sql"].splitlines()),
                   f"first rows ({len(report['rows'])} of {sample['rows']} read in "
                   f"{sample['seconds']:.3f}s):"]
         lines += [f"  {row}" for row in report["rows"]]

@@ -142,6 +142,11 @@ def test_a_live_run_refuses_a_start_with_other_params(engine: Engine,
 
     controls = Controls(sessionmaker(engine, expire_on_commit=False), redis_client,
                         lambda job: {"dispatched": []})
+    for given, said in (({"modulo": "x"}, "is not an int"), ([["modulo", 2]], "an object"),
+                        (None, "missing required")):
+        with pytest.raises(InvalidParams, match=said):
+            controls.start("cm_sliced", "t", given)
+    assert runs(engine, "cm_sliced") == [] and redis_client.keys("*") == []
     opened = controls.start("cm_sliced", "t", {"modulo": "2"})
     again = controls.start("cm_sliced", "t", {"modulo": 2, "remainder": 0})  # the same values
     assert again["run"] == opened["run"]
