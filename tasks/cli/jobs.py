@@ -1,5 +1,8 @@
 """`python -m tasks jobs start|pause|resume|cancel|retry-failed|throttle|runs JOB ...`.
 
+`start` takes the run's parameters (`--param NAME=VALUE`, repeated) and `--dry-run`, which
+prints what the start would do and writes nothing (`tasks.ranges.dryrun`).
+
 The controls are `tasks.ranges.controls.Controls`, the same code the Celery tasks
 (`tasks.ranges.pause` ...) run; this module parses, prints, and turns a refusal (unknown job,
 bad rate, a run in no state for the verb) into one line on stderr and exit code 1, having
@@ -51,15 +54,18 @@ def _refusals() -> Iterator[None]:
         fail(f"cannot reach Redis (REDIS_URL): {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def _control(verb: Callable[..., dict[str, Any]], *args: Any) -> None:
+def _control(verb: Callable[..., dict[str, Any]], *args: Any, as_json: bool = False) -> None:
     with open_resources() as res, _refusals():
         require_tables(res)
         report = verb(*args, actor())
-        shown = {k: v for k, v in report.items() if k not in ("job", "run", "state")
-                 and v not in (None, False, 0, [])}
-        extra = ", ".join(f"{k} {v}" for k, v in shown.items())
-        click.echo(f"{report['job']} run {report['run']}: {report.get('state', 'running')}"
-                   + (f" ({extra})" if extra else ""))
+    if as_json:
+        click.echo(json.dumps(report, default=str))
+        return
+    shown = {k: v for k, v in report.items() if k not in ("job", "run", "state")
+             and v not in (None, False, 0, [])}
+    extra = ", ".join(f"{k} {v}" for k, v in shown.items())
+    click.echo(f"{report['job']} run {report['run']}: {report.get('state', 'running')}"
+               + (f" ({extra})" if extra else ""))
 
 
 def _load_jobs() -> None:
@@ -79,12 +85,43 @@ def _controls() -> Any:
 
 @jobs.command()
 @click.argument("job")
-def start(job: str) -> None:
+@click.option("--param", "pairs", multiple=True, metavar="NAME=VALUE",
+              help="A run parameter of the job (repeat for each); checked before anything "
+                   "is written.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan, the first batch's SQL and rows and an ETA; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
+def start(job: str, pairs: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Start JOB: a new run unless one is running (what tasks.ranges.start does)."""
+    from tasks.ranges.params import parse_pairs
     from tasks.ranges.tasks import start_job
 
     _load_jobs()
-    _control(start_job, job)
+    with _refusals():
+        given = parse_pairs(pairs) if pairs else None
+    if dry_run:
+        _dry_run(job, given, as_json)
+        return
+    _control(lambda j, who: start_job(j, who, given), job, as_json=as_json)
+
+
+def _dry_run(job: str, given: dict[str, str] | None, as_json: bool) -> None:
+    """`start --dry-run`: reads only (no Redis, no run, no lease, no work row)."""
+    from tasks.cli.render import dry_run_lines
+    from tasks.ranges.dryrun import dry_run
+    from tasks.ranges.jobs import get_job
+    from tasks.ranges.params import values_of
+
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        found = get_job(job)
+        params, stored = found.make_params(given)
+        report = dry_run(res.sessions, found, params, values_of(stored))
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+        return
+    for line in dry_run_lines(report.as_dict()):
+        click.echo(line)
 
 
 @jobs.command()
@@ -131,6 +168,7 @@ def throttle(job: str, rows_per_s: str) -> None:
 def runs(job: str, limit: int, as_json: bool) -> None:
     """The run history of JOB: state, times, rows, throttle, and who asked for what."""
     from tasks.ranges.jobs import get_job
+    from tasks.ranges.params import as_text, values_of
     from tasks.ranges.runs import events_of, runs_of
 
     _load_jobs()
@@ -150,7 +188,8 @@ def runs(job: str, limit: int, as_json: bool) -> None:
         d = r.as_dict()
         cap = f"{r.rows_per_s:g} rows/s" if r.rows_per_s else "-"
         click.echo(f"run {r.id}  {r.state:<9}  started {d['started_at']}  finished "
-                   f"{d['finished_at'] or '-'}  rows {r.rows}  throttle {cap}")
+                   f"{d['finished_at'] or '-'}  rows {r.rows}  throttle {cap}"
+                   + (f"  params {as_text(values_of(r.params))}" if r.params else ""))
         for e in events[r.id]:
             click.echo(f"    {e.as_dict()['at']}  {e.verb:<12} by {e.actor}"
                        + (f"  ({e.detail})" if e.detail else ""))

@@ -9,13 +9,14 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from tasks.ranges.params import as_text
 from tasks.ranges.status import format_eta
 from tasks.ranges.tables import PartitionStatus
 from tasks.store.db import utcnow
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["console_for", "PIPED_WIDTH", "COMPACT_BELOW", "quote_text", "jobs_table",
            "partitions_table", "page_renderable", "shards_table", "letters_renderable",
-           "letters_table", "status_renderable", "watch"]
+           "letters_table", "status_renderable", "watch", "dry_run_lines"]
 
 # Width of a console whose output is piped: wide enough that no table row is wrapped or cut,
 # so each row is one line a script can read (`--json` is the format meant for programs).
@@ -56,6 +57,32 @@ def quote_text(text: str, limit: int = 48) -> str:
 
 
 # -- range jobs ------------------------------------------------------------------------------
+
+def dry_run_lines(report: dict[str, Any]) -> list[str]:
+    """`jobs start JOB --dry-run` as plain lines (`tasks.ranges.dryrun.DryRun.as_dict`)."""
+    shown = as_text(report["params"])
+    about = "" if report["estimate_exact"] else "about "
+    lines = [f"dry run of {report['job']} (params: {shown})",
+             f"plan: {report['partitions_total']} partitions, estimated rows {about}"
+             f"{report['estimated_rows']}"]
+    for p in report["partitions"]:
+        lines.append(f"  part {p['part']}  ids {p['lo']}..{p['hi']}  from {p['from_id']}  "
+                     f"estimated rows {'' if p['exact'] else 'about '}{p['estimated_rows']}")
+    if report["partitions_total"] > len(report["partitions"]):
+        lines.append(f"  ... and {report['partitions_total'] - len(report['partitions'])} "
+                     "more")
+    sample = report["sample"]
+    if report["sql"] is not None:
+        lines += [f"first batch (part {sample['part']}):",
+                  *(f"  {line.strip()}" for line in report["sql"].splitlines()),
+                  f"first rows ({len(report['rows'])} of {sample['rows']} read in "
+                  f"{sample['seconds']:.3f}s):"]
+        lines += [f"  {row}" for row in report["rows"]]
+    lines.append(f"ETA {format_eta(report['eta_s'])} (one worker's reading rate, "
+                 f"{sample.get('rows_per_s', 0):g} rows/s; process not run)")
+    lines.append("nothing was written: no run, no lease, no Redis key, no work row")
+    return lines
+
 
 def jobs_table(summaries: Sequence[JobSummary]) -> Table:
     """A row per range job: its run, rows done, ids walked, rows/s (and cap), ETA."""

@@ -65,8 +65,10 @@ class Batches:
 
     def __init__(self, row: WorkRow, partition: Partition, *, next_id: int,
                  clock: Callable[[], float] = time.monotonic,
-                 started: float | None = None, lease_ttl: float = float("inf")) -> None:
+                 started: float | None = None, lease_ttl: float = float("inf"),
+                 params: Any = None) -> None:
         self.row, self.job, self.partition = row, row.job, partition
+        self.params = params  # the run's parameters (ctx.params; the filter's argument)
         self.clock = clock
         self.started = clock() if started is None else started
         self.cursor = Cursor(next_id)
@@ -79,15 +81,16 @@ class Batches:
             with row.sessions() as session:
                 self.skips = Skips(job, partition.part,
                                    quarantined_ids(session, job.name, partition.part))
-        self.reads = Reads(job, partition.hi)
+        where = job.filter(params)
+        self.reads = Reads(job, partition.hi, where)
         self._pending_skips: frozenset[int] = frozenset()  # quarantined by the open batch
         self._leave_out()
         self._left_in_range = (select(job.id_col)
                                .where(job.id_col.between(bindparam("first"), bindparam("last")),
-                                      job.where)
+                                      where)
                                .limit(1))
         self._left = (select(job.id_col)
-                      .where(job.id_col.in_(bindparam("ids", expanding=True)), job.where)
+                      .where(job.id_col.in_(bindparam("ids", expanding=True)), where)
                       .limit(1))
 
     def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
@@ -180,7 +183,7 @@ class Batches:
             first, last = id_at(chunk, 0, id_column), id_at(chunk, -1, id_column)
             span = (first, last) if exact and self._clear_of_quarantine(first, last) else None
             self.job.process(chunk, Context(session, fence, self.job, self.partition, pool,
-                                            span))
+                                            span, self.params))
 
         skipped = (self.skips.process(session, rows, fence, run,
                                       pending=len(self._pending_skips)) if self.skips else [])

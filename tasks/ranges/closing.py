@@ -61,6 +61,7 @@ from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import partitions_of
 from tasks.store.db import affected, utcnow
+from tasks.store.validate import InvalidArguments
 
 __all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT", "nothing_open"]
 
@@ -100,10 +101,12 @@ def nothing_open(sessions: sessionmaker[Session], job: str) -> bool:
             WORK.c.status.in_((*S.OPEN, S.PAUSED))).limit(1)).first() is None
 
 
-def closing_read(session: Session, job: RangeJob) -> list[int]:
-    """Ids of up to CLOSING_LIMIT rows of `job` still to do, quarantined rows left out."""
+def closing_read(session: Session, job: RangeJob, params: Any = None) -> list[int]:
+    """Ids of up to CLOSING_LIMIT rows of `job` still to do (its filter for the run's
+    parameters `params`), quarantined rows left out."""
     quarantined = quarantined_of_job(session, job.name) if job.skip_on else frozenset()
-    query = select(job.id_col).where(job.where).limit(CLOSING_LIMIT + len(quarantined))
+    query = (select(job.id_col).where(job.filter(params))
+             .limit(CLOSING_LIMIT + len(quarantined)))
     ids = [int(i) for i in session.execute(query).scalars()]
     return [i for i in ids if i not in quarantined]
 
@@ -127,10 +130,15 @@ def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
         return result
     if state != RunState.RUNNING and not _due(sessions, job.name, settle):
         return result
+    try:
+        params = job.params_of(run.params if run is not None else None)
+    except InvalidArguments as exc:  # reconciled without a run, and no defaults to build on
+        log.warning("range %s: no closing read: %s", job.name, exc)
+        return result
     snapshot, began = _snapshot(sessions, job.name), utcnow()
     started = clock()
     with sessions() as session:
-        found = closing_read(session, job)
+        found = closing_read(session, job, params)
     result.seconds, result.found = clock() - started, len(found)
     with writing(sessions) as session:
         if not hold(session):

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.jobs import RangeJob, get_job
 from tasks.ranges.keys import range_schedule_name
+from tasks.ranges.params import as_text, values_of
 from tasks.ranges.reconciler import activate_in
 from tasks.ranges.runs import (
     Run,
@@ -107,17 +108,20 @@ class Controls:
     client: Any
     kick: Kick
 
-    def start(self, job: str, actor: str) -> dict[str, Any]:
+    def start(self, job: str, actor: str, params: object = None) -> dict[str, Any]:
         """Open a run of `job` unless one is live (a paused run must be resumed or cancelled
-        first); after a cancelled run the job's partitions are planned anew. The run, the
-        plan's reset and the job's schedule change in one transaction: a start that fails
-        (the database away, a table it cannot plan) changes nothing."""
+        first); after a cancelled run the job's partitions are planned anew. `params` are the
+        run's parameters (a mapping of names to text or JSON values, `tasks.ranges.params`),
+        checked before anything is written. The run, the plan's reset and the job's schedule
+        change in one transaction: a start that fails (the database away, a table it cannot
+        plan, parameters refused) changes nothing."""
         found = get_job(job)
         name = found.name
         run = current_run(self.sessions, name)
         if run is not None and run.state == RunState.PAUSED:
             raise ControlRefused(f"start {name}: run {run.id} is paused; resume it "
                                  "(tasks.ranges.resume) or cancel it first")
+        stored = self._params_for(found, run, params)
         self._check_plannable(found)
         with writing(self.sessions) as session:
             if run is not None and run.state in RunState.LIVE:
@@ -127,10 +131,24 @@ class Controls:
             replanned = 0
             if run is not None and run.state == RunState.CANCELLED:
                 replanned = self._replan(session, name)
-            run_id = open_run(session, name, actor, found.rows_per_s)
+            run_id = open_run(session, name, actor, found.rows_per_s, stored)
             reset = activate_in(session, name)
         report = {"run": run_id, "replanned": replanned, "reset_failed": reset}
         return self._copy_flags(name, report)
+
+    @staticmethod
+    def _params_for(job: RangeJob, run: Run | None, params: object) -> str | None:
+        """The stored form of the new run's parameters; `InvalidParams` if refused. A live
+        run is joined only with no parameters or the ones it runs with."""
+        live = run is not None and run.state in RunState.LIVE
+        if live and params is None:
+            return None
+        stored = job.make_params(params)[1]
+        if run is not None and live and values_of(stored) != values_of(run.params):
+            raise ControlRefused(f"start {job.name}: run {run.id} is {run.state} with "
+                                 f"parameters {as_text(values_of(run.params))}; cancel it first to "
+                                 "start one with other parameters")
+        return stored
 
     @staticmethod
     def _replan(session: Session, job: str) -> int:

@@ -7,6 +7,7 @@
         process=mark_processed,        # (rows, ctx) -> None; writes through ctx.session
         batch_size=1000,
         parallelism=4,                 # ctx.map(fn, rows) runs fn on 4 threads
+        params=ArchiveParams,          # optional: a dataclass of run parameters (ctx.params)
     )
     register(orders)
 
@@ -19,6 +20,11 @@ matching (cm_data sets `status = 1`). A partition is done only when a closing re
 id range with this filter finds nothing, which is how rows committed out of id order are found
 (README, "Which rows a run processes"). The runner checks the contract on the first batch of
 every run: a process function that leaves a row matching fails its partition, writing nothing.
+
+Run parameters (`tasks.ranges.params`): `params` is a dataclass class whose instance, built
+from the values given at start and stored on the run, reaches `process` as `ctx.params`.
+`where` may then be a function of it, `where=lambda p: ORDERS.c.tenant == p.tenant`, called
+once per partition run and once per closing round with the run's parameters.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from typing import Any, TypeVar
 from sqlalchemy import ColumnElement, Integer, Row, Table, any_, bindparam
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import ClauseElement
 
 from tasks.ranges.keys import range_lease_name
+from tasks.ranges.params import InvalidParams, build, decode, encode, fields_of
 from tasks.ranges.planning import Partition
 from tasks.ranges.sizing import validate_sizing
 from tasks.ranges.skips import validate_skips
@@ -46,6 +54,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
+# The filter of rows still to do: a clause, or a function of the run's parameters.
+Where = ColumnElement[bool] | Callable[[Any], ColumnElement[bool]]
 
 JOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -70,6 +80,9 @@ class Context:
     batch holds the write lock from its read on); a job may then write by the id range
     (`id BETWEEN first AND last AND <filter>`) instead of by the list of ids. None otherwise
     (a skipped row lies in the range, or another database where a row can commit in between).
+
+    `params` is the run's parameters, an instance of the job's `params` dataclass (None if the
+    job declares none).
     """
 
     session: Session
@@ -78,6 +91,7 @@ class Context:
     partition: Partition
     pool: ThreadPoolExecutor | None = None
     span: tuple[int, int] | None = None
+    params: Any = None
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         if self.pool is None:
@@ -101,7 +115,7 @@ class RangeJob:
     name: str
     table: Table
     process: ProcessFn
-    where: ColumnElement[bool]
+    where: Where
     id_column: str = "id"
     partition_size: int = 2_000_000
     batch_size: int = 1000
@@ -130,12 +144,15 @@ class RangeJob:
     # Follow the table (tasks.ranges.closing): where its run would succeed it becomes
     # `following` and keeps processing rows that come to match until it is cancelled.
     follow: bool = False
+    # Run parameters (tasks.ranges.params): a dataclass class; None: the job takes none.
+    params: type | None = None
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
         if self.where is None:
             raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
                              "is required; see tasks/ranges/jobs.py")
+        self._check_params()
         for attr in ("partition_size", "batch_size", "parallelism"):
             if getattr(self, attr) <= 0:
                 raise ValueError(f"range job {self.name}: {attr} must be positive")
@@ -157,6 +174,52 @@ class RangeJob:
         if self.columns and self.id_column not in self.columns:
             raise ValueError(f"range job {self.name}: columns must include the id column "
                              f"{self.id_column!r} (the runner keeps its place by it)")
+
+    def _check_params(self) -> None:
+        if self.params is not None:
+            try:
+                fields_of(self.params)
+            except ValueError as exc:
+                raise ValueError(f"range job {self.name}: {exc}") from None
+        if not isinstance(self.where, ClauseElement):
+            if not callable(self.where):
+                raise ValueError(f"range job {self.name}: `where` must be a SQLAlchemy clause "
+                                 "or a function of the run's parameters")
+            if self.params is None:
+                raise ValueError(f"range job {self.name}: a `where` function needs params= "
+                                 "(the dataclass of the run parameters it is called with)")
+
+    def filter(self, params: Any = None) -> ColumnElement[bool]:
+        """The filter of rows still to do for a run with parameters `params`."""
+        if isinstance(self.where, ClauseElement):
+            return self.where
+        found = self.where(params)
+        if not isinstance(found, ClauseElement):
+            raise InvalidParams(f"{self.name}: where(params) returned {type(found).__name__}, "
+                                "not a SQLAlchemy clause")
+        return found
+
+    def make_params(self, given: object) -> tuple[Any, str | None]:
+        """The run parameters from `given` (a mapping of names to text or JSON values; None:
+        none given), checked against the job's filter, and their stored form; `InvalidParams`
+        for anything refused, before anything is written."""
+        if self.params is None:
+            if given:
+                raise InvalidParams(f"{self.name} takes no parameters")
+            return None, None
+        params = build(self.name, self.params, {} if given is None else given)
+        try:
+            self.filter(params)
+        except InvalidParams:
+            raise
+        except Exception as exc:  # the job's own function: its error is the refusal
+            raise InvalidParams(f"{self.name}: where(params) failed: {type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:200]}") from None
+        return params, encode(params)
+
+    def params_of(self, stored: str | None) -> Any:
+        """The instance of a run's stored parameters (None if the job declares none)."""
+        return decode(self.name, self.params, stored)
 
     @property
     def id_col(self) -> Any:

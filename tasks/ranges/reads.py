@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
-from sqlalchemy import Connection, Dialect, Row, bindparam, select
+from sqlalchemy import ColumnElement, Connection, Dialect, Integer, Row, Select, bindparam, select
 from sqlalchemy.engine import result_tuple
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -97,10 +97,11 @@ def plain(columns: Sequence[Any], dialect: Dialect) -> bool:
 
 class Reads:
     """The reads of `job`'s rows up to `hi`: `fetch(conn, from_id, size)` returns the next
-    `size` rows that match the job's filter from `from_id`, in id order, leaving out the ids
-    given to `leave_out` (the partition's quarantined rows; they still match the filter)."""
+    `size` rows that match `where` (the job's filter for the run's parameters) from
+    `from_id`, in id order, leaving out the ids given to `leave_out` (the partition's
+    quarantined rows; they still match the filter)."""
 
-    def __init__(self, job: RangeJob, hi: int) -> None:
+    def __init__(self, job: RangeJob, hi: int, where: ColumnElement[bool]) -> None:
         columns = ([job.table.c[c] for c in job.columns] if job.columns
                    else list(job.table.c))
         self.job = job
@@ -109,8 +110,8 @@ class Reads:
         self._make_row = result_tuple([c.key for c in columns], [(c,) for c in columns])
         self._raw_ok: bool | None = None  # the columns need no conversion (first read says)
         self._query = (select(*columns)
-                       .where(job.id_col >= bindparam("from_id"), job.id_col <= hi, job.where)
-                       .order_by(job.id_col).limit(bindparam("size")))
+                       .where(job.id_col >= bindparam("from_id"), job.id_col <= hi, where)
+                       .order_by(job.id_col).limit(bindparam("size", type_=Integer)))
         self._read = self._query
         self._left_out: frozenset[int] = frozenset()
 
@@ -125,6 +126,10 @@ class Reads:
             return
         self._left_out = ids
         self._read = self._query.where(self.job.id_col.not_in(sorted(ids)))
+
+    def statement(self, from_id: int, size: int) -> Select[Any]:
+        """The read `fetch(conn, from_id, size)` runs, its values bound (a dry run shows it)."""
+        return self._read.params(from_id=from_id, size=size)
 
     def fetch(self, conn: Connection, from_id: int, size: int) -> BatchRows:
         """The next `size` rows to do from `from_id`, off the driver's cursor when plain."""

@@ -39,6 +39,7 @@ from tasks.ranges.keys import OUTAGE_TTL, range_outage_key
 from tasks.ranges.metrics import RangeSeries
 from tasks.ranges.outcomes import FencedOut, FilterNotCleared, Outcome, Progress, UnknownPartition
 from tasks.ranges.planning import Partition
+from tasks.ranges.runs import stored_params
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import DEAD_LETTER_KIND, WorkRow
 from tasks.store.db import is_redis_away, is_transient, utcnow
@@ -137,12 +138,11 @@ class PartitionRunner:
             return Outcome.FAILED
         if claimed.crashes and record.on is not None:  # took over from a holder gone silent
             record.on.of(RangeSeries).range_takeovers.labels(self.job.name).inc()
-        batches = self.batches = Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
-                                         next_id=claimed.next_id, clock=self.clock,
-                                         lease_ttl=self.lease_ttl)
         pool = (ThreadPoolExecutor(self.job.parallelism, thread_name_prefix=f"{self.job.name}")
                 if self.job.parallelism > 1 else None)
         try:
+            # Parameters that no longer fit the job's class fail the partition, with why.
+            batches = self.batches = self._batches(claimed)
             with bind(job=self.job.name, partition=self.part, fence=lease.fence):
                 return self._loop(lease, batches, pool)
         except LeaseLost:
@@ -162,6 +162,17 @@ class PartitionRunner:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+
+    def _batches(self, claimed: Any) -> Batches:
+        """The batches of this run from the claimed row, with the parameters of the job's
+        run (`ctx.params`, and the filter when it is a function of them)."""
+        params = None
+        if self.job.params is not None:
+            with self.row.sessions() as session:
+                params = self.job.params_of(stored_params(session, self.job.name))
+        return Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
+                       next_id=claimed.next_id, clock=self.clock, lease_ttl=self.lease_ttl,
+                       params=params)
 
     def _loop(self, lease: Lease, batches: Batches, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.ranges.keys import range_control_key, range_lease_name, range_schedule_name
+from tasks.ranges.params import values_of
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import park_idle, partitions_of
@@ -31,14 +32,15 @@ from tasks.store.db import WRITE_INTENT, affected, utcnow
 
 __all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
            "change_state", "run_rows", "write_flags", "enforce", "RECONCILER",
-           "writing", "park_unleased", "statuses"]
+           "writing", "park_unleased", "statuses", "stored_params"]
 
 RECONCILER = "reconciler"  # the actor of the events the reconciler records
 
 
 @dataclass(frozen=True)
 class Run:
-    """A run as `current_run` and `runs_of` return it (`rows`: this run's rows so far)."""
+    """A run as `current_run` and `runs_of` return it (`rows`: this run's rows so far;
+    `params`: its parameters as stored, JSON text)."""
 
     id: int
     job: str
@@ -48,11 +50,13 @@ class Run:
     rows: int
     rows_per_s: float | None
     rows_base: int = 0
+    params: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"run": self.id, "job": self.job, "state": self.state,
                 "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
-                "rows": self.rows, "rows_per_s": self.rows_per_s}
+                "rows": self.rows, "rows_per_s": self.rows_per_s,
+                "params": values_of(self.params)}
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def _run(session: Session, row: Any) -> Run:
     if row.state in RunState.LIVE:
         rows = run_rows(session, row.job) - row.rows_base
     return Run(row.id, row.job, row.state, row.started_at, row.finished_at, max(int(rows), 0),
-               row.rows_per_s, row.rows_base)
+               row.rows_per_s, row.rows_base, row.params)
 
 
 def current_run(sessions: sessionmaker[Session], job: str) -> Run | None:
@@ -130,11 +134,20 @@ def record(session: Session, run_id: int, job: str, verb: str, actor: str,
         run_id=run_id, job=job, verb=verb, actor=actor[:255], detail=detail, at=utcnow()))
 
 
-def open_run(session: Session, job: str, actor: str, rows_per_s: float | None) -> int:
-    """A new running run of `job` (in the caller's transaction); its id."""
+def stored_params(session: Session, job: str) -> str | None:
+    """The parameters of the job's latest run as stored (JSON text; None: none or no run):
+    one indexed read, what a partition's holder builds `ctx.params` from."""
+    return session.execute(select(RANGE_RUNS.c.params).where(RANGE_RUNS.c.job == job)
+                           .order_by(RANGE_RUNS.c.id.desc()).limit(1)).scalar()
+
+
+def open_run(session: Session, job: str, actor: str, rows_per_s: float | None,
+             params: str | None = None) -> int:
+    """A new running run of `job` with its stored `params` (in the caller's transaction);
+    its id."""
     now = utcnow()
     result = session.execute(insert(RANGE_RUNS).values(
-        job=job, state=RunState.RUNNING, started_at=now, rows=0,
+        job=job, state=RunState.RUNNING, started_at=now, rows=0, params=params,
         rows_base=run_rows(session, job), rows_per_s=rows_per_s, updated_at=now))
     key = cast(CursorResult[Any], result).inserted_primary_key
     assert key is not None

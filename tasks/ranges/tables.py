@@ -3,7 +3,7 @@
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
 
-Migrations 0001, 0005, 0011 and 0012 create them, never `create_all`.
+Migrations 0001, 0005, 0011, 0012 and 0013 create them, never `create_all`.
 """
 
 from __future__ import annotations
@@ -140,6 +140,9 @@ class RangeRun(Base):
     rows_base: Mapped[int] = mapped_column(BigInteger, default=0)
     rows_per_s: Mapped[float | None] = mapped_column(nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # The run's parameters as JSON text (tasks.ranges.params; None: the job takes none;
+    # migration 0013).
+    params: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class RangeRunEvent(Base):

@@ -2,6 +2,7 @@
 `pause`, `resume`, `cancel`, `retry_failed`, `throttle` (`tasks.ranges.controls`).
 
     celery -A tasks call tasks.ranges.start --args '["cm_data"]'
+    celery -A tasks call tasks.ranges.start --kwargs '{"job": "backfill", "params": {"tenant": 42}}'
     celery -A tasks call tasks.ranges.pause --args '["cm_data"]'
     celery -A tasks call tasks.ranges.throttle --args '["cm_data", 2000]'
 
@@ -104,13 +105,14 @@ def _actor(task: Task) -> str:
     return f"task:{task.request.id}" if task.request.id else "task:eager"
 
 
-def start_job(job: str, actor: str) -> dict[str, Any]:
-    """Start range job `job` (a new run unless one is live; a paused run is refused): open
+def start_job(job: str, actor: str, params: object = None) -> dict[str, Any]:
+    """Start range job `job` with run parameters `params` (a mapping of names to values, or
+    None; a new run unless one is live; a paused run is refused): check the parameters, open
     the run, activate the job and reset its failed partitions in one transaction, then
     reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too."""
     found = get_job(job)
     control = controls()
-    opened = control.start(found.name, actor)
+    opened = control.start(found.name, actor, params)
     report = {"job": found.name, **control.kick_quietly(found.name)}
     deferred = [r["deferred"] for r in (opened, report) if "deferred" in r]
     report.update(**opened)
@@ -120,9 +122,9 @@ def start_job(job: str, actor: str) -> dict[str, Any]:
 
 
 @app.task(name="tasks.ranges.start", bind=True, throws=(InvalidArguments,))
-def start(self: Task, job: str) -> dict[str, Any]:
-    """Start range job `job`: see `start_job`."""
-    return start_job(job, _actor(self))
+def start(self: Task, job: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start range job `job` with run parameters `params`: see `start_job`."""
+    return start_job(job, _actor(self), params)
 
 
 @app.task(name="tasks.ranges.pause", bind=True, throws=(InvalidArguments,))
