@@ -18,8 +18,9 @@ Per database (two claimers never get the same partition):
                 SELECT, then the compare-and-set UPDATE ... RETURNING part, which matches
                 only rows still pending and unreserved
 
-Cost: an index range of the job's pending partitions (`ix_work_items_job_status`), stopping
-after `n` unreserved ones; never a read of the whole plan.
+Cost: an index range of the job's pending partitions in partition order
+(`ix_work_items_job_status_part`), stopping after `n` unreserved ones; never a read or a sort
+of the whole plan.
 """
 
 from __future__ import annotations
