@@ -28,7 +28,7 @@ from tasks.ranges.closing import nothing_open
 from tasks.ranges.controls import Controls
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
 from tasks.ranges.keeper import RunnerKeeper
-from tasks.ranges.poolexit import PartitionRequest, holder_name
+from tasks.ranges.poolexit import PartitionRequest, PoolWatch, holder_name
 from tasks.ranges.pull import Pull, Pulled
 from tasks.ranges.reconciler import (
     Round,
@@ -57,6 +57,7 @@ log = logging.getLogger("tasks.ranges")
 
 # The worker's main process keeps the runner messages it holds counted (tasks.ranges.keeper).
 app.steps["worker"].add(RunnerKeeper)
+app.steps["worker"].add(PoolWatch)
 
 
 def _dispatch(job: str, part: int) -> None:
