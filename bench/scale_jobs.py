@@ -2,8 +2,8 @@
 
 Job `scale_jK` (K = 0 .. N-1) owns the rows whose id is K modulo N, so the N jobs walk the
 same table side by side and none touches another's rows. Its partitions are
-`CM_DATA_PARTITION_SIZE` ids long; its effect marks its batch's rows by their ids (never by
-id range: the range holds the other jobs' rows). Registered through EXTRA_TASK_MODULES, like
+`CM_DATA_PARTITION_SIZE` ids long (read by `bench.cm_data`); its effect marks its batch's
+rows by their ids (never by id range: the range holds the other jobs' rows). Registered through EXTRA_TASK_MODULES, like
 every user's job; with the variable unset or 0 it registers nothing.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Row, update
 
+from bench.cm_data import CONFIG
 from examples.tables import CM_DATA
 from tasks.config import envparse
 from tasks.ranges.jobs import Context, RangeJob, register
@@ -22,8 +23,6 @@ from tasks.ranges.jobs import Context, RangeJob, register
 __all__ = ["JOBS", "job_names"]
 
 JOBS = envparse.at_least(int, 0)("BENCH_SCALE_JOBS", os.environ.get("BENCH_SCALE_JOBS") or "0")
-_SIZE = envparse.at_least(int, 1)("CM_DATA_PARTITION_SIZE",
-                                  os.environ.get("CM_DATA_PARTITION_SIZE") or "1000")
 
 
 def job_names(count: int) -> list[str]:
@@ -39,4 +38,5 @@ def _mark(rows: Sequence[Row[Any]], ctx: Context) -> None:
 for _k, _name in enumerate(job_names(JOBS)):
     register(RangeJob(name=_name, table=CM_DATA,
                       where=(CM_DATA.c.status == 0) & (CM_DATA.c.id % JOBS == _k),
-                      process=_mark, columns=("id",), partition_size=_SIZE, batch_size=500))
+                      process=_mark, columns=("id",), partition_size=CONFIG.partition_size,
+                      batch_size=500))
