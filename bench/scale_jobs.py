@@ -3,8 +3,9 @@
 Job `scale_jK` (K = 0 .. N-1) owns the rows whose id is K modulo N, so the N jobs walk the
 same table side by side and none touches another's rows. Its partitions are
 `CM_DATA_PARTITION_SIZE` ids long (read by `bench.cm_data`); its effect marks its batch's
-rows by their ids (never by id range: the range holds the other jobs' rows). Registered through EXTRA_TASK_MODULES, like
-every user's job; with the variable unset or 0 it registers nothing.
+rows by their ids (never by id range: the range holds the other jobs' rows). Registered
+through EXTRA_TASK_MODULES, like every user's job; with the variable unset or 0 it registers
+nothing.
 """
 
 from __future__ import annotations
