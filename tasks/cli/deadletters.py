@@ -93,7 +93,7 @@ def show(letter_id: int, as_json: bool) -> None:
     with _store() as store:
         letter = store.get(letter_id)
     shown, payload, cut = shown_payload(letter)
-    refusal = replay_refusal(letter.payload)
+    refusal = replay_refusal(letter.payload, letter.kind)
     facts = letter_facts(letter)
     if as_json:
         # The payload as an object, or as its cut text when it is longer than SHOW_LIMIT.
@@ -128,6 +128,9 @@ def replay(letter_id: int) -> None:
             reason = redact(" ".join(str(exc).split()))[:300]
             fail(f"dead letter {letter_id}: its task could not be sent ({type(exc).__name__}: "
                  f"{reason}); the letter is unchanged and can be replayed later")
+    if done.note is not None:
+        click.echo(f"replayed dead letter {done.letter_id}: {done.note}")
+        return
     click.echo(f"replayed dead letter {done.letter_id}: {done.task} sent as task {done.task_id}")
 
 

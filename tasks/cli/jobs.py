@@ -1,4 +1,5 @@
-"""`python -m tasks jobs start|pause|resume|cancel|retry-failed|throttle|runs JOB ...`.
+"""`python -m tasks jobs start|pause|resume|cancel|retry-failed|retry-skipped|throttle|runs JOB`
+and `python -m tasks jobs run JOB N` (one run in detail, with its failures' tracebacks).
 
 `start` takes the run's parameters (`--param NAME=VALUE`, repeated) and `--dry-run`, which
 prints what the start would do and writes nothing (`tasks.ranges.dryrun`).
@@ -36,7 +37,8 @@ def actor() -> str:
 
 @click.group()
 def jobs() -> None:
-    """Range-job controls (pause, resume, cancel, retry-failed, throttle) and run history."""
+    """Range-job controls (pause, resume, cancel, retry-failed, retry-skipped, throttle) and
+    run history."""
 
 
 @contextmanager
@@ -152,6 +154,13 @@ def retry_failed(job: str) -> None:
     _control(_controls().retry_failed, job)
 
 
+@jobs.command("retry-skipped")
+@click.argument("job")
+def retry_skipped(job: str) -> None:
+    """The rows JOB's latest run quarantined (skip policy) run again, each once."""
+    _control(_controls().retry_skipped, job)
+
+
 @jobs.command(context_settings={"ignore_unknown_options": True})
 @click.argument("job")
 @click.argument("rows_per_s")
@@ -160,36 +169,94 @@ def throttle(job: str, rows_per_s: str) -> None:
     _control(lambda j, who: _controls().throttle(j, rows_per_s, who), job)
 
 
+def _history(job: str, read: Callable[[Any, str], list[Any]]) -> tuple[str, list[Any], Any]:
+    """The job's name, the runs `read` finds, and their events (by run id)."""
+    from tasks.ranges.jobs import get_job
+    from tasks.ranges.runs import events_of
+
+    _load_jobs()
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        name = get_job(job).name
+        found = read(res.sessions, name)
+        return name, found, events_of(res.sessions, [r.id for r in found])
+
+
+def _run_json(run: Any, events: list[Any]) -> dict[str, Any]:
+    from tasks.ranges.failures import FAILED_VERB, failure_dict
+
+    shown = [e.as_dict() for e in events]
+    return {**run.as_dict(), "events": shown, "failures": [
+        failure_dict(e["at"], e["actor"], e["detail"]) for e in shown
+        if e["verb"] == FAILED_VERB]}
+
+
+def _run_line(run: Any) -> str:
+    from tasks.ranges.params import as_text, values_of
+    from tasks.ranges.status import format_eta
+
+    d = run.as_dict()
+    cap = f"{run.rows_per_s:g} rows/s" if run.rows_per_s else "-"
+    return (f"run {d['run']}  {run.state:<9}  started {d['started_at']} by "
+            f"{run.started_by or '?'}  finished {d['finished_at'] or '-'}  duration "
+            f"{format_eta(d['duration_s'])}  rows {run.rows:,}  skipped {run.skipped:,}  "
+            f"throttle {cap}" + (f"  params {as_text(values_of(run.params))}"
+                                 if run.params else ""))
+
+
 @jobs.command()
 @click.argument("job")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000),
               help="How many runs, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document (runs and events).")
 def runs(job: str, limit: int, as_json: bool) -> None:
-    """The run history of JOB: state, times, rows, throttle, and who asked for what."""
-    from tasks.ranges.jobs import get_job
-    from tasks.ranges.params import as_text, values_of
-    from tasks.ranges.runs import events_of, runs_of
+    """The run history of JOB: each run's number, state, who started it, times and duration,
+    rows, skipped rows, throttle, parameters, and who asked for what (a failed partition's
+    error; `jobs run JOB N` shows its traceback)."""
+    from tasks.ranges.failures import first_line
+    from tasks.ranges.runs import runs_of
 
-    _load_jobs()
-    with open_resources() as res, _refusals():
-        require_tables(res)
-        name = get_job(job).name
-        found = runs_of(res.sessions, name, limit)
-        events = events_of(res.sessions, [r.id for r in found])
+    name, found, events = _history(job, lambda s, n: runs_of(s, n, limit))
     if as_json:
-        click.echo(json.dumps({"job": name, "runs": [
-            {**r.as_dict(), "events": [e.as_dict() for e in events[r.id]]} for r in found]}))
+        click.echo(json.dumps({"job": name, "runs": [_run_json(r, events[r.id])
+                                                     for r in found]}))
         return
     if not found:
         click.echo(f"{name}: no runs yet (start it: python -m tasks jobs start {name})")
         return
     for r in found:
-        d = r.as_dict()
-        cap = f"{r.rows_per_s:g} rows/s" if r.rows_per_s else "-"
-        click.echo(f"run {r.id}  {r.state:<9}  started {d['started_at']}  finished "
-                   f"{d['finished_at'] or '-'}  rows {r.rows}  throttle {cap}"
-                   + (f"  params {as_text(values_of(r.params))}" if r.params else ""))
+        click.echo(_run_line(r))
         for e in events[r.id]:
+            detail = first_line(e.detail)
             click.echo(f"    {e.as_dict()['at']}  {e.verb:<12} by {e.actor}"
-                       + (f"  ({e.detail})" if e.detail else ""))
+                       + (f"  ({detail})" if detail else ""))
+
+
+@jobs.command("run")
+@click.argument("job")
+@click.argument("number", type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="The run as one JSON object.")
+def run_detail(job: str, number: int, as_json: bool) -> None:
+    """Run NUMBER of JOB in detail: its history line, its events, and each failed
+    partition's error with its traceback."""
+    from tasks.ranges.runs import run_numbered
+
+    def read(sessions: Any, name: str) -> list[Any]:
+        found = run_numbered(sessions, name, number)
+        return [found] if found is not None else []
+
+    name, found, events = _history(job, read)
+    if not found:
+        fail(f"{name} has no run {number} (python -m tasks jobs runs {name} lists its runs)")
+    detail = _run_json(found[0], events[found[0].id])
+    if as_json:
+        click.echo(json.dumps(detail))
+        return
+    click.echo(_run_line(found[0]))
+    for e in detail["events"]:
+        click.echo(f"    {e['at']}  {e['verb']:<12} by {e['actor']}"
+                   + (f"  ({e['detail'].splitlines()[0]})" if e["detail"] else ""))
+    for f in detail["failures"]:
+        click.echo(f"part {f['part']} failed at {f['at']} on {f['by']}: {f['error']}")
+        for line in (f["traceback"] or "(no traceback kept)").splitlines():
+            click.echo(f"    {line}")

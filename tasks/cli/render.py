@@ -93,7 +93,8 @@ def jobs_table(summaries: Sequence[JobSummary]) -> Table:
     for s in summaries:
         cap = f" (cap {s.throttle_rows_per_s:,.0f})" if s.throttle_rows_per_s else ""
         table.add_row(s.job, s.state if s.run is None else f"{s.state} (run {s.run})",
-                      f"{s.rows_done:,}",
+                      f"{s.rows_done:,}" + (f" ({s.rows_skipped:,} skipped)"
+                                            if s.rows_skipped else ""),
                       f"{s.ids_walked:,} of {s.ids_planned:,} ({s.share:.1%})",
                       f"{s.rows_per_s:,.0f}{cap}", format_eta(s.eta_s),
                       ", ".join(f"{n} {state}" for state, n in s.partitions.items()))

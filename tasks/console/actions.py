@@ -34,7 +34,7 @@ __all__ = ["Refused", "Unavailable", "BadRequest", "VERBS", "load_jobs", "jobs_o
            "purge_older", "flower_link"]
 
 # The buttons of a job: verb -> what it needs besides the job (throttle takes rows/s).
-VERBS = ("start", "pause", "resume", "cancel", "retry-failed", "throttle")
+VERBS = ("start", "pause", "resume", "cancel", "retry-failed", "retry-skipped", "throttle")
 
 
 class Refused(Exception):
@@ -163,7 +163,7 @@ def control(verb: str, job: str, actor: str, rows_per_s: str | None = None) -> d
             return c.throttle(job, rows_per_s if rows_per_s is not None else "", actor)
         verbs: dict[str, Callable[[str, str], dict[str, Any]]] = {
             "pause": c.pause, "resume": c.resume, "cancel": c.cancel,
-            "retry-failed": c.retry_failed}
+            "retry-failed": c.retry_failed, "retry-skipped": c.retry_skipped}
         return verbs[verb](job, actor)
 
     return _guarded(run)  # type: ignore[no-any-return]
@@ -212,8 +212,8 @@ def letter(letter_id: int) -> dict[str, Any]:
     def read() -> dict[str, Any]:
         found = DeadLetters(_res().sessions).get(letter_id)
         _, text, _ = shown_payload(found)
-        return {**letter_facts(found, "seconds"), "refusal": replay_refusal(found.payload),
-                "payload": text}
+        return {**letter_facts(found, "seconds"),
+                "refusal": replay_refusal(found.payload, found.kind), "payload": text}
 
     return _guarded(read)  # type: ignore[no-any-return]
 
@@ -238,7 +238,8 @@ def replay(letter_id: int) -> dict[str, Any]:
             raise Unavailable(f"dead letter {letter_id}: its task could not be sent "
                               f"({type(exc).__name__}: {reason}); the letter is unchanged"
                               ) from None
-        return {"id": done.letter_id, "task": done.task, "task_id": done.task_id}
+        return {"id": done.letter_id, "task": done.task, "task_id": done.task_id,
+                "note": done.note}
 
     return _guarded(run)  # type: ignore[no-any-return]
 

@@ -7,11 +7,12 @@ the composition root (`tasks.celery`) registers them at start, so this room name
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["DeadLetterKind", "TASK_KIND", "OVERSIZED_KIND", "CORE_KINDS", "register", "hint",
-           "kinds"]
+           "kinds", "Retry", "retry_of"]
 
 # A message that came back more often than REDELIVERY_CAP (tasks.worker.base); replayable.
 TASK_KIND = "task"
@@ -19,13 +20,20 @@ TASK_KIND = "task"
 OVERSIZED_KIND = "oversized-message"
 
 
+# A wing's own replay of a letter of its kind: (session factory, letter id) -> what it did.
+# It claims the letter itself (a compare-and-set on `replayed_at IS NULL`) and raises the
+# store's DeadLetterError subclasses when it refuses.
+Retry = Callable[[Any, int], str]
+
+
 @dataclass(frozen=True)
 class DeadLetterKind:
     """A kind of dead letter (`dead_letters.kind`) and what to do instead of a replay ('' when
-    its letters keep a task to send again)."""
+    its letters keep a task to send again, or when the wing replays them itself: `retry`)."""
 
     name: str
     hint: str = ""
+    retry: Retry | None = None
 
 
 CORE_KINDS = (
@@ -54,3 +62,9 @@ def hint(kind: str) -> str:
 def kinds() -> dict[str, DeadLetterKind]:
     """Every registered kind by name."""
     return dict(_registry)
+
+
+def retry_of(kind: str) -> Retry | None:
+    """The wing's own replay of letters of `kind` (None: a replay sends the letter's task)."""
+    found = _registry.get(kind)
+    return found.retry if found is not None else None

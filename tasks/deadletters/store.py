@@ -21,6 +21,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.config.settings import redact
+from tasks.deadletters.kinds import retry_of
 from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.store.db import affected, utcnow
 
@@ -90,16 +91,21 @@ class Letter:
 
 @dataclass(frozen=True)
 class Replay:
-    """A replay that was sent: the letter, the task's name and its new task id."""
+    """A replay that was sent: the letter, the task's name and its new task id (or, for a kind
+    its wing replays itself, the kind, no task id and `note`: what the wing did)."""
 
     letter_id: int
     task: str
     task_id: str
+    note: str | None = None
 
 
-def replay_refusal(payload: Any) -> str | None:
+def replay_refusal(payload: Any, kind: str | None = None) -> str | None:
     """Why a letter with `payload` cannot be replayed, or None when it can: only a letter that
-    keeps a task's name and its whole arguments (`task`, `args`, `kwargs`) can be sent again."""
+    keeps a task's name and its whole arguments (`task`, `args`, `kwargs`) can be sent again,
+    or one of a `kind` its wing replays itself (`tasks.deadletters.kinds.retry_of`)."""
+    if kind is not None and retry_of(kind) is not None:
+        return None
     if not isinstance(payload, dict) or not isinstance(payload.get("task"), str):
         return "it keeps no task name"
     if not isinstance(payload.get("args"), list) or not isinstance(payload.get("kwargs"), dict):
@@ -177,9 +183,18 @@ class DeadLetters:
 
         The replay is claimed first (a compare-and-set on `replayed_at IS NULL`), so two
         operators replaying one letter send it once; if sending fails the claim is taken back
-        and the error raised. Raises LetterNotFound, NotReplayable or AlreadyReplayed.
+        and the error raised. A letter of a kind its wing replays itself is handed to the
+        wing's `retry`, which claims it in its own transaction. Raises LetterNotFound,
+        NotReplayable or AlreadyReplayed.
         """
         letter = self.get(letter_id)
+        retry = retry_of(letter.kind)
+        if retry is not None:
+            if letter.replayed_at is not None:
+                raise AlreadyReplayed(letter_id, letter.replayed_at, letter.replay_task_id)
+            note = retry(self.sessions, letter_id)
+            log.info("dead letter %d replayed: %s", letter_id, note)
+            return Replay(letter_id, letter.kind, "", note)
         refusal = replay_refusal(letter.payload)
         if refusal is not None:
             raise NotReplayable(letter_id, letter.kind, refusal)

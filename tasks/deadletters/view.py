@@ -70,7 +70,8 @@ def letter_facts(letter: Letter, timespec: str = "auto") -> dict[str, Any]:
     """`summary_dict` and whether the letter can be replayed now, in the order `deadletters
     show` prints them."""
     summary = summary_dict(letter, timespec)
-    replayable = replay_refusal(letter.payload) is None and letter.replayed_at is None
+    replayable = (replay_refusal(letter.payload, letter.kind) is None
+                  and letter.replayed_at is None)
     first = ("id", "kind", "ref", "reason", "created_at")
     return {**{k: summary[k] for k in first}, "replayable": replayable,
             **{k: v for k, v in summary.items() if k not in first}}

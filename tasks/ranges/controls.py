@@ -1,11 +1,14 @@
 """The controls of a range job's run, one function per verb, shared by the Celery tasks
 (`tasks.ranges.pause` ...) and the operator CLI (`python -m tasks jobs pause JOB` ...):
 
-    start         open a run (a cancelled run's partitions are planned anew)
+    start         open a run that walks the whole plan again (a cancelled run's partitions
+                  are planned anew)
     pause         every running partition commits its batch, releases its lease, is `paused`
     resume        paused partitions -> pending, dispatched at once
     cancel        like pause, and the run ends; `start` begins a new one from the job's filter
     retry-failed  failed partitions -> pending, from their checkpoints
+    retry-skipped the rows the latest run's skip policy quarantined are taken back and run
+                  again (`tasks.ranges.retries`)
     throttle      the run's cap in rows per second over all its partitions (0 lifts it)
 
 Each one checks its arguments and the run's state first and refuses with `ControlRefused`
@@ -25,13 +28,14 @@ from typing import Any
 
 from redis.exceptions import RedisError
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.jobs import RangeJob, get_job
 from tasks.ranges.keys import range_schedule_name
 from tasks.ranges.params import as_text, values_of
 from tasks.ranges.reconciler import activate_in
+from tasks.ranges.retries import retry_rows
 from tasks.ranges.runs import (
     Run,
     change_state,
@@ -44,13 +48,13 @@ from tasks.ranges.runs import (
 )
 from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.ranges.workrow import partitions_of
+from tasks.ranges.workrow import partitions_of, restart_finished
 from tasks.store.db import affected, utcnow
 from tasks.store.validate import InvalidArguments, quote
 
 __all__ = ["Controls", "ControlRefused", "VERBS", "MAX_RATE", "validate_rate"]
 
-VERBS = ("pause", "resume", "cancel", "retry-failed", "throttle")
+VERBS = ("pause", "resume", "cancel", "retry-failed", "retry-skipped", "throttle")
 MAX_RATE = 1e9  # rows per second: anything above is a typo
 
 # Runs one reconcile round of the job now, so what a control set pending is dispatched at
@@ -114,26 +118,38 @@ class Controls:
         run's parameters (a mapping of names to text or JSON values, `tasks.ranges.params`),
         checked before anything is written. The run, the plan's reset and the job's schedule
         change in one transaction: a start that fails (the database away, a table it cannot
-        plan, parameters refused) changes nothing."""
+        plan, parameters refused) changes nothing. Two starts racing to open a run: the loser
+        meets the run number's unique constraint, rolls back, and joins the winner's run."""
+        try:
+            return self._start(job, actor, params)
+        except IntegrityError:
+            return self._start(job, actor, params)
+
+    def _start(self, job: str, actor: str, params: object) -> dict[str, Any]:
         found = get_job(job)
         name = found.name
         run = current_run(self.sessions, name)
         if run is not None and run.state == RunState.PAUSED:
-            raise ControlRefused(f"start {name}: run {run.id} is paused; resume it "
+            raise ControlRefused(f"start {name}: run {run.shown} is paused; resume it "
                                  "(tasks.ranges.resume) or cancel it first")
         stored = self._params_for(found, run, params)
         self._check_plannable(found)
         with writing(self.sessions) as session:
             if run is not None and run.state in RunState.LIVE:
                 record(session, run.id, name, "start", actor, f"already {run.state}")
-                return {"run": run.id, "replanned": 0,
+                return {"run": run.shown, "replanned": 0,
                         "reset_failed": activate_in(session, name)}
-            replanned = 0
+            replanned = restarted = 0
             if run is not None and run.state == RunState.CANCELLED:
                 replanned = self._replan(session, name)
+            else:  # the new run walks every stored partition again, counting from zero
+                restarted = restart_finished(session, name)
             run_id = open_run(session, name, actor, found.rows_per_s, stored)
             reset = activate_in(session, name)
-        report = {"run": run_id, "replanned": replanned, "reset_failed": reset}
+            number = session.execute(select(RANGE_RUNS.c.number).where(
+                RANGE_RUNS.c.id == run_id)).scalar_one()
+        report = {"run": number, "replanned": replanned, "restarted": restarted,
+                  "reset_failed": reset}
         return self._copy_flags(name, report)
 
     @staticmethod
@@ -145,7 +161,7 @@ class Controls:
             return None
         stored = job.make_params(params)[1]
         if run is not None and live and values_of(stored) != values_of(run.params):
-            raise ControlRefused(f"start {job.name}: run {run.id} is {run.state} with "
+            raise ControlRefused(f"start {job.name}: run {run.shown} is {run.state} with "
                                  f"parameters {as_text(values_of(run.params))}; cancel it first to "
                                  "start one with other parameters")
         return stored
@@ -219,7 +235,7 @@ class Controls:
             retried = self._move(session, run.job, S.FAILED, to, error=None, crashes=0,
                                  finished_at=None)
             if not retried:
-                raise ControlRefused(f"retry-failed {run.job}: run {run.id} has no failed "
+                raise ControlRefused(f"retry-failed {run.job}: run {run.shown} has no failed "
                                      "partitions")
             if run.state == RunState.FAILED:
                 self._change(session, run, "retry-failed", RunState.RUNNING)
@@ -230,6 +246,16 @@ class Controls:
         report = self._after(run, state, retried=retried)
         if to == S.PENDING:
             return self._dispatched(report, self.kick_quietly(run.job))
+        return report
+
+    def retry_skipped(self, job: str, actor: str) -> dict[str, Any]:
+        """The rows the latest run's skip policy quarantined run again, each once
+        (`tasks.ranges.retries`); `ControlRefused`-like refusals when there are none."""
+        name = get_job(job).name
+        report = retry_rows(self.sessions, name, actor)
+        report = self._copy_flags(name, report)
+        if report["state"] == RunState.RUNNING:
+            return self._dispatched(report, self.kick_quietly(name))
         return report
 
     @settled
@@ -249,7 +275,7 @@ class Controls:
             raise ControlRefused(f"{verb} {name}: the job has no run; start it first "
                                  "(tasks.ranges.start)")
         if run.state not in allowed:
-            raise ControlRefused(f"{verb} {name}: run {run.id} is {run.state} (allowed when "
+            raise ControlRefused(f"{verb} {name}: run {run.shown} is {run.state} (allowed when "
                                  f"{' or '.join(allowed)})")
         return run
 
@@ -258,7 +284,7 @@ class Controls:
         if not change_state(session, run, to, **values):
             now = session.execute(select(RANGE_RUNS.c.state).where(
                 RANGE_RUNS.c.id == run.id)).scalar()
-            raise RunChanged(f"{verb} {run.job}: run {run.id} changed from {run.state} to "
+            raise RunChanged(f"{verb} {run.job}: run {run.shown} changed from {run.state} to "
                              f"{now} while this control ran; nothing was changed, try again")
 
     @staticmethod
@@ -279,7 +305,7 @@ class Controls:
 
     def _after(self, run: Run, state: str, **report: Any) -> dict[str, Any]:
         """Copy the run's new state to Redis; the control's report."""
-        return self._copy_flags(run.job, {"job": run.job, "run": run.id, "state": state,
+        return self._copy_flags(run.job, {"job": run.job, "run": run.shown, "state": state,
                                           **report})
 
     def _copy_flags(self, job: str, report: dict[str, Any]) -> dict[str, Any]:

@@ -30,16 +30,18 @@ from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import park_idle, partitions_of
 from tasks.store.db import WRITE_INTENT, affected, utcnow
 
-__all__ = ["Run", "Event", "current_run", "runs_of", "events_of", "record", "open_run",
-           "change_state", "run_rows", "write_flags", "enforce", "RECONCILER",
-           "writing", "park_unleased", "statuses", "stored_params"]
+__all__ = ["Run", "Event", "current_run", "runs_of", "run_numbered", "events_of", "record",
+           "open_run", "change_state", "run_rows", "run_counts", "write_flags", "enforce",
+           "RECONCILER", "writing", "park_unleased", "statuses", "stored_params"]
 
 RECONCILER = "reconciler"  # the actor of the events the reconciler records
 
 
 @dataclass(frozen=True)
 class Run:
-    """A run as `current_run` and `runs_of` return it (`rows`: this run's rows so far;
+    """A run as `current_run` and `runs_of` return it. `id` is the global row id (what the
+    events and the code refer to); `number` is what people read: the job's run 1, 2, 3...
+    (`rows`: this run's rows so far; `skipped`: its rows quarantined and not retried;
     `params`: its parameters as stored, JSON text)."""
 
     id: int
@@ -51,11 +53,26 @@ class Run:
     rows_per_s: float | None
     rows_base: int = 0
     params: str | None = None
+    number: int | None = None
+    started_by: str | None = None
+    skipped: int = 0
+
+    @property
+    def shown(self) -> int:
+        """The run as people name it: its number in the job (its id for a run older than
+        the numbers that has none)."""
+        return self.number if self.number is not None else self.id
+
+    def duration_s(self, now: datetime | None = None) -> float:
+        """Seconds from its start to its end, or to `now` while it is live."""
+        end = self.finished_at or now or utcnow()
+        return max((end - self.started_at).total_seconds(), 0.0)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"run": self.id, "job": self.job, "state": self.state,
+        return {"run": self.shown, "id": self.id, "job": self.job, "state": self.state,
                 "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
-                "rows": self.rows, "rows_per_s": self.rows_per_s,
+                "duration_s": round(self.duration_s(), 3), "started_by": self.started_by,
+                "rows": self.rows, "skipped": self.skipped, "rows_per_s": self.rows_per_s,
                 "params": values_of(self.params)}
 
 
@@ -86,17 +103,28 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def run_rows(session: Session, job: str) -> int:
-    """The job's rows processed over all its partitions' lives (`work_items.rows_done`)."""
-    return int(session.execute(select(func.coalesce(func.sum(WORK.c.rows_done), 0)).where(
-        partitions_of(job))).scalar_one())
+    """The rows the job's partitions processed in the current run (`work_items.rows_done`,
+    committed with each batch's checkpoint; a new run's partitions start from zero)."""
+    return run_counts(session, job)[0]
+
+
+def run_counts(session: Session, job: str) -> tuple[int, int]:
+    """The current run's rows processed and rows skipped (quarantined, not retried): one
+    aggregate over the job's partitions."""
+    done, skipped = session.execute(select(
+        func.coalesce(func.sum(WORK.c.rows_done), 0),
+        func.coalesce(func.sum(WORK.c.rows_skipped), 0)).where(partitions_of(job))).one()
+    return int(done), int(skipped)
 
 
 def _run(session: Session, row: Any) -> Run:
-    rows = row.rows
+    rows, skipped = row.rows, row.skipped
     if row.state in RunState.LIVE:
-        rows = run_rows(session, row.job) - row.rows_base
+        done, skipped = run_counts(session, row.job)
+        rows = done - row.rows_base
     return Run(row.id, row.job, row.state, row.started_at, row.finished_at, max(int(rows), 0),
-               row.rows_per_s, row.rows_base, row.params)
+               row.rows_per_s, row.rows_base, row.params, row.number, row.started_by,
+               max(int(skipped or 0), 0))
 
 
 def current_run(sessions: sessionmaker[Session], job: str) -> Run | None:
@@ -113,6 +141,14 @@ def runs_of(sessions: sessionmaker[Session], job: str, limit: int = 20) -> list[
         rows = session.execute(select(RANGE_RUNS).where(RANGE_RUNS.c.job == job)
                                .order_by(RANGE_RUNS.c.id.desc()).limit(limit)).all()
         return [_run(session, row) for row in rows]
+
+
+def run_numbered(sessions: sessionmaker[Session], job: str, number: int) -> Run | None:
+    """The job's run `number` (None: no such run)."""
+    with sessions() as session:
+        row = session.execute(select(RANGE_RUNS).where(
+            RANGE_RUNS.c.job == job, RANGE_RUNS.c.number == number)).first()
+        return _run(session, row) if row is not None else None
 
 
 def events_of(sessions: sessionmaker[Session], run_ids: list[int]) -> dict[int, list[Event]]:
@@ -144,11 +180,16 @@ def stored_params(session: Session, job: str) -> str | None:
 def open_run(session: Session, job: str, actor: str, rows_per_s: float | None,
              params: str | None = None) -> int:
     """A new running run of `job` with its stored `params` (in the caller's transaction);
-    its id."""
+    its id. Its number is the job's highest plus one, read and written in this transaction;
+    two starts that race for one number meet the unique (job, number) constraint, and the
+    loser's transaction rolls back whole (`Controls.start` then joins the winner's run)."""
     now = utcnow()
+    number = session.execute(select(func.coalesce(func.max(RANGE_RUNS.c.number), 0)).where(
+        RANGE_RUNS.c.job == job)).scalar_one() + 1
     result = session.execute(insert(RANGE_RUNS).values(
         job=job, state=RunState.RUNNING, started_at=now, rows=0, params=params,
-        rows_base=run_rows(session, job), rows_per_s=rows_per_s, updated_at=now))
+        rows_base=run_rows(session, job), rows_per_s=rows_per_s, updated_at=now,
+        number=number, started_by=actor[:255], skipped=0))
     key = cast(CursorResult[Any], result).inserted_primary_key
     assert key is not None
     run_id = int(key[0])
@@ -162,7 +203,8 @@ def change_state(session: Session, run: Run, to: str, **values: Any) -> bool:
     finished time and its final rows. False if someone changed it first."""
     values.update(state=to, updated_at=utcnow())
     if to in RunState.ENDED:
-        values.update(finished_at=utcnow(), rows=run_rows(session, run.job) - run.rows_base)
+        done, skipped = run_counts(session, run.job)
+        values.update(finished_at=utcnow(), rows=done - run.rows_base, skipped=skipped)
     elif to in RunState.LIVE:
         values.setdefault("finished_at", None)
     return affected(session.execute(update(RANGE_RUNS).where(

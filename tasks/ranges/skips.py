@@ -14,8 +14,10 @@ row id, reason), so the batch, its checkpoint and its quarantine commit together
 A quarantined row still matches the job's filter (it was never processed), so every read of
 rows still to do (the keyset pass, the run's closing round) leaves out the partition's
 quarantined ids: otherwise the closing round would reopen its partition forever. The dead
-letters are the record: a row stays quarantined until its letter is purged
-(`python -m tasks deadletters purge ID`), after which the next run takes it again. A
+letters are the record (each names the run that quarantined its row): a row stays
+quarantined until its letter is replayed (`python -m tasks deadletters replay ID`, or
+`python -m tasks jobs retry-skipped JOB` for every row of the latest run: `tasks.ranges.retries`)
+or purged (`python -m tasks deadletters purge ID`, after which the next run takes it again). A
 partition tolerates `skip_limit` quarantined rows (counted from its letters); the batch that
 would pass the limit rolls back and the partition fails as any failing batch does.
 
@@ -35,6 +37,7 @@ from sqlalchemy import Row, insert, select
 from sqlalchemy.orm import Session
 
 from tasks.deadletters.tables import DEAD_LETTERS
+from tasks.ranges.tables import RANGE_RUNS
 from tasks.store.db import utcnow
 
 __all__ = ["SKIP_KIND", "SkipLimitExceeded", "Skips", "validate_skips", "quarantined_ids",
@@ -71,10 +74,12 @@ def _ref_prefix(job: str, part: int) -> str:
 
 
 def quarantined_ids(session: Session, job: str, part: int) -> frozenset[int]:
-    """The row ids of `job`'s partition `part` that its skip policy quarantined."""
+    """The row ids of `job`'s partition `part` that its skip policy quarantined (a replayed
+    letter's row is no longer quarantined)."""
     prefix = _ref_prefix(job, part)
     refs = session.execute(select(DEAD_LETTERS.c.ref).where(
-        DEAD_LETTERS.c.kind == SKIP_KIND, DEAD_LETTERS.c.ref.startswith(prefix, autoescape=True)
+        DEAD_LETTERS.c.kind == SKIP_KIND, DEAD_LETTERS.c.replayed_at.is_(None),
+        DEAD_LETTERS.c.ref.startswith(prefix, autoescape=True)
     )).scalars()
     return frozenset(int(ref[len(prefix):]) for ref in refs)
 
@@ -83,7 +88,8 @@ def quarantined_of_job(session: Session, job: str) -> frozenset[int]:
     """The row ids of every partition of `job` that its skip policy quarantined."""
     prefix = f"{job}:"
     refs = session.execute(select(DEAD_LETTERS.c.ref).where(
-        DEAD_LETTERS.c.kind == SKIP_KIND, DEAD_LETTERS.c.ref.startswith(prefix, autoescape=True)
+        DEAD_LETTERS.c.kind == SKIP_KIND, DEAD_LETTERS.c.replayed_at.is_(None),
+        DEAD_LETTERS.c.ref.startswith(prefix, autoescape=True)
     )).scalars()
     return frozenset(int(ref.rsplit(":", 1)[1]) for ref in refs)
 
@@ -98,6 +104,7 @@ class Skips:
     def __init__(self, job: Any, part: int, quarantined: frozenset[int]) -> None:
         self.job, self.part = job, part
         self.quarantined = quarantined
+        self._run: int | None = None  # the id of the run the letters name, read once
 
     def process(self, session: Session, rows: Sequence[Row[Any]], fence: int,
                 run: RunChunk, *, pending: int = 0) -> list[int]:
@@ -138,8 +145,14 @@ class Skips:
 
     def _quarantine(self, session: Session, row_id: int, exc: Exception, fence: int) -> None:
         reason = _reason(exc)
+        if self._run is None:
+            # The job's latest run: the holder's own (a newer run opens only once every
+            # partition finished, or after a re-plan that fences this holder out).
+            self._run = session.execute(select(RANGE_RUNS.c.id).where(
+                RANGE_RUNS.c.job == self.job.name).order_by(RANGE_RUNS.c.id.desc())
+                .limit(1)).scalar() or 0
         payload = {"job": self.job.name, "part": self.part, "row_id": row_id,
-                   "reason": reason, "fence": fence}
+                   "reason": reason, "fence": fence, "run": self._run}
         session.execute(insert(DEAD_LETTERS).values(
             kind=SKIP_KIND, ref=f"{_ref_prefix(self.job.name, self.part)}{row_id}",
             reason=reason, payload=json.dumps(payload, sort_keys=True), created_at=utcnow()))

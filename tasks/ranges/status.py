@@ -7,7 +7,10 @@ A job's progress is read from its partitions by one aggregate query (GROUP BY jo
 its cost is one pass of the index, its answer a few rows per job however many partitions
 there are; no scan of the job's table):
 
-- rows done: the rows its partitions processed (`rows_done`, committed with each batch);
+- rows done: the rows its partitions processed in the current run (`rows_done`, committed
+  with each batch's checkpoint; a new run walks the stored plan again from zero,
+  `tasks.ranges.workrow.restart_finished`), and the rows its skip policy quarantined
+  (`rows_skipped`);
 - ids walked of ids planned: the planned id space (`hi - lo + 1` of every partition) is an
   upper bound of the rows the job can process; a finished partition counts whole, an open one
   up to its checkpoint;
@@ -58,6 +61,7 @@ class PartitionView:
     heartbeat_at: datetime | None
     # Until when the holder waits for the job's throttle before its next batch (None: not).
     throttled_until: datetime | None = None
+    rows_skipped: int = 0  # the current run's rows quarantined by the skip policy
 
     @property
     def takeovers(self) -> int:
@@ -98,6 +102,7 @@ class StateTotals:
     ids_planned: int
     ids_walked: int
     rows_per_s: float = 0.0
+    rows_skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,11 +117,12 @@ class JobSummary:
     rows_per_s: float
     eta_s: float | None
     partitions: dict[str, int]
-    run: int | None = None  # the current run's id, when the job has a run history
+    run: int | None = None  # the current run's number in the job (1, 2, ...), if it has one
     throttle_rows_per_s: float | None = None  # the run's rows/s cap (None: not throttled)
     # Per partition state: its totals (`partitions` above is their counts, kept for readers of
     # the shape before issue 20).
     states: dict[str, StateTotals] = field(default_factory=dict)
+    rows_skipped: int = 0  # the current run's rows quarantined and not retried
 
     @classmethod
     def never_started(cls, job: str) -> JobSummary:
@@ -145,7 +151,7 @@ def view_of(r: Row[Any]) -> PartitionView:
     """The view of one work row (a `SELECT` of `WORK`'s columns)."""
     return PartitionView(r.job, r.part, r.lo, r.hi, r.status, r.owner, r.next_id, r.rows_done,
                          r.rate, r.fence, r.claims, r.error, r.heartbeat_at,
-                         getattr(r, "throttled_until", None))
+                         getattr(r, "throttled_until", None), int(getattr(r, "rows_skipped", 0)))
 
 
 def partitions(sessions: sessionmaker[Session], job: str | None = None) -> list[PartitionView]:
@@ -174,18 +180,19 @@ def job_summaries(sessions: sessionmaker[Session], job: str | None = None
     GROUP BY query over the work rows, then the current run of each job."""
     w = WORK.c
     query = (select(w.job, w.status, func.count(), func.sum(w.rows_done),
-                    func.sum(w.hi - w.lo + 1), func.sum(_ids_walked()), func.sum(w.rate))
+                    func.sum(w.hi - w.lo + 1), func.sum(_ids_walked()), func.sum(w.rate),
+                    func.sum(w.rows_skipped))
              .where(every_partition()).group_by(w.job, w.status))
     if job is not None:
         query = query.where(w.job == job)
     with sessions() as session:
         rows = session.execute(query).all()
     totals: dict[str, dict[str, StateTotals]] = {}
-    for name, state, count, rows_done, planned, walked, rate in rows:
+    for name, state, count, rows_done, planned, walked, rate, skipped in rows:
         running = state == PartitionStatus.RUNNING
         totals.setdefault(name, {})[state] = StateTotals(
             int(count), int(rows_done or 0), int(planned or 0), int(walked or 0),
-            float(rate or 0.0) if running else 0.0)
+            float(rate or 0.0) if running else 0.0, int(skipped or 0))
     return _summaries(totals, sessions)
 
 
@@ -200,7 +207,8 @@ def summarize(views: Sequence[PartitionView],
         rate = v.rows_per_s if v.status == PartitionStatus.RUNNING else 0.0
         states[v.status] = StateTotals(seen.partitions + 1, seen.rows_done + v.rows_done,
                                        seen.ids_planned + v.hi - v.lo + 1,
-                                       seen.ids_walked + v.ids_walked, seen.rows_per_s + rate)
+                                       seen.ids_walked + v.ids_walked, seen.rows_per_s + rate,
+                                       seen.rows_skipped + v.rows_skipped)
     return _summaries(totals, sessions)
 
 
@@ -223,8 +231,9 @@ def _summary(job: str, states: dict[str, StateTotals], run: Any) -> JobSummary:
     counts = {state: states[state].partitions for state in sorted(states)}
     state = getattr(run, "state", None) or _derived_state(counts)
     return JobSummary(job, str(state), rows, walked, planned, rate, eta, counts,
-                      getattr(run, "id", None), getattr(run, "rows_per_s", None),
-                      {state: states[state] for state in sorted(states)})
+                      getattr(run, "shown", None), getattr(run, "rows_per_s", None),
+                      {state: states[state] for state in sorted(states)},
+                      sum(s.rows_skipped for s in states.values()))
 
 
 def _derived_state(states: dict[str, int]) -> str:

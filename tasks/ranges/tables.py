@@ -3,7 +3,7 @@
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
 
-Migrations 0001, 0005, 0011, 0012 and 0013 create them, never `create_all`.
+Migrations 0001, 0005, 0011, 0012, 0013 and 0015 create them, never `create_all`.
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ class WorkItem(Base):
     # Set while the holder waits for the job's throttle (rows/s cap or `throttle_on`) before
     # its next batch; cleared by the next checkpoint (migration 0011).
     throttled_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # Rows of the current run its skip policy quarantined and no retry took back, counted in
+    # the batch's transaction like `rows_done` (migration 0015).
+    rows_skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Schedule(Base):
@@ -126,11 +129,15 @@ class RangeRun(Base):
     (succeeded, or failed if one failed) or it was cancelled (`tasks.ranges.runs`).
 
     `rows_base` is the job's `work_items.rows_done` total when the run opened, so `rows` (set
-    when the run ends) counts this run's rows only. `rows_per_s` is the throttle in force
-    (None: none); the source of truth the reconciler copies to Redis each round.
+    when the run ends) counts this run's rows only (since migration 0015 a new run's
+    partitions start from zero, so it is 0). `rows_per_s` is the throttle in force
+    (None: none); the source of truth the reconciler copies to Redis each round. `number`
+    counts the job's runs (1, 2, 3...; unique per job, given as the run opens), `started_by`
+    is who opened it, and `skipped` (set when the run ends) its rows still quarantined.
     """
 
     __tablename__ = "range_runs"
+    __table_args__ = (UniqueConstraint("job", "number", name="uq_range_runs_job_number"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job: Mapped[str] = mapped_column(String(128), index=True)
@@ -144,12 +151,18 @@ class RangeRun(Base):
     # The run's parameters as JSON text (tasks.ranges.params; None: the job takes none;
     # migration 0013).
     params: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Migration 0015 (filled in for older runs from their events).
+    number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class RangeRunEvent(Base):
     """The audit of a run: which verb (start, pause, resume, cancel, retry-failed, throttle,
-    and the reconciler's succeeded/failed/reopened), asked by whom (`user@host` of the CLI,
-    `task:ID` of a Celery task, `reconciler`), when, with what detail."""
+    retry-skipped, the reconciler's succeeded/failed/reopened, and a holder's
+    `partition-failed` with the error and its traceback as detail), asked by whom
+    (`user@host` of the CLI, `task:ID` of a Celery task, `reconciler`), when, with what
+    detail."""
 
     __tablename__ = "range_run_events"
 

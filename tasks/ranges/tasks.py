@@ -1,5 +1,6 @@
 """Celery tasks of range jobs: `start`, `reconcile` (beat), `run_partition`, and the controls
-`pause`, `resume`, `cancel`, `retry_failed`, `throttle` (`tasks.ranges.controls`).
+`pause`, `resume`, `cancel`, `retry_failed`, `retry_skipped`, `throttle`
+(`tasks.ranges.controls`).
 
     celery -A tasks call tasks.ranges.start --args '["cm_data"]'
     celery -A tasks call tasks.ranges.start --kwargs '{"job": "backfill", "params": {"tenant": 42}}'
@@ -46,7 +47,7 @@ from tasks.store.validate import InvalidArguments
 from tasks.worker.lifecycle import shutdown_requested
 
 __all__ = ["start", "reconcile", "run_partition", "PROGRESS", "pause", "resume", "cancel",
-           "retry_failed", "throttle", "controls", "start_job"]
+           "retry_failed", "retry_skipped", "throttle", "controls", "start_job"]
 
 # Custom task state shown by Flower while a partition runs.
 PROGRESS = "PROGRESS"
@@ -150,6 +151,12 @@ def cancel(self: Task, job: str) -> dict[str, Any]:
 def retry_failed(self: Task, job: str) -> dict[str, Any]:
     """Failed partitions of `job` go back to pending, keeping their checkpoints."""
     return controls().retry_failed(job, _actor(self))
+
+
+@app.task(name="tasks.ranges.retry_skipped", bind=True, throws=(InvalidArguments,))
+def retry_skipped(self: Task, job: str) -> dict[str, Any]:
+    """The rows `job`'s latest run quarantined run again, each once (tasks.ranges.retries)."""
+    return controls().retry_skipped(job, _actor(self))
 
 
 @app.task(name="tasks.ranges.throttle", bind=True, throws=(InvalidArguments,))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from tasks.ranges.metrics import RangeSeries
+from tasks.ranges.retries import replay_skip
 from tasks.ranges.settings import RangeSettings, range_settings
+from tasks.ranges.skips import SKIP_KIND
 from tasks.ranges.workrow import DEAD_LETTER_KIND
 from tasks.wing import BeatEntry, DeadLetterKind, Route, Wing
 
@@ -25,5 +27,8 @@ WING = Wing(
     state="tasks.ranges.metrics:collect",
     dead_letter_kinds=(DeadLetterKind(
         DEAD_LETTER_KIND, "a range partition is resumed, not replayed: fix the cause, then "
-                          "start the job again (tasks.ranges.start)"),),
+                          "start the job again (tasks.ranges.start)"),
+                       # A replay takes the row out of quarantine and runs it again
+                       # (tasks.ranges.retries).
+                       DeadLetterKind(SKIP_KIND, retry=replay_skip)),
 )

@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.deadletters.store import DeadLetters
+from tasks.ranges.failures import record_failure, traceback_of
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.outcomes import FencedOut, UnknownPartition
 from tasks.ranges.tables import WORK
@@ -35,7 +36,7 @@ from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
 
 __all__ = ["WorkRow", "DEAD_LETTER_KIND", "RANGE_KIND", "partitions_of", "every_partition",
-           "park_idle", "hand_back_dead"]
+           "park_idle", "hand_back_dead", "restart_finished"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -139,8 +140,10 @@ class WorkRow:
             raise FencedOut()
 
     def uncount(self, conn: Connection, fence: int, rows: int) -> None:
-        """`rows` of the batch were quarantined, not processed: they no longer count done."""
-        conn.execute(self.guard(fence).values(rows_done=WORK.c.rows_done - rows))
+        """`rows` of the batch were quarantined, not processed: they no longer count done,
+        they count skipped."""
+        conn.execute(self.guard(fence).values(rows_done=WORK.c.rows_done - rows,
+                                              rows_skipped=WORK.c.rows_skipped + rows))
 
     def finish(self, conn: Connection, fence: int, scanned: int) -> str:
         """Mark the row done (or empty when no row was processed), in the transaction of the
@@ -188,12 +191,16 @@ class WorkRow:
                         "resumes it", self.job.name, self.part)
 
     def fail(self, fence: int, exc: BaseException) -> None:
-        """Mark the row failed with `exc` as its error (`tasks.ranges.start` resets it)."""
+        """Mark the row failed with `exc` as its error (`tasks.ranges.start` resets it), and
+        keep the error with its traceback in the run's events, in the same transaction."""
         reason = f"{type(exc).__name__}: {exc}"[:2000]
         try:
             with self.sessions.begin() as session:
-                session.execute(self.guard(fence).values(
-                    status=S.FAILED, owner=None, error=reason, finished_at=utcnow()))
+                failed = affected(session.execute(self.guard(fence).values(
+                    status=S.FAILED, owner=None, error=reason, finished_at=utcnow())))
+                if failed:
+                    record_failure(session, self.job.name, self.part, self.owner, reason,
+                                   traceback_of(exc))
         except Exception:  # the database itself is gone; the lease lapses and it is retried
             log.exception("range %s part %s: could not record the failure", self.job.name,
                           self.part)
@@ -205,8 +212,10 @@ class WorkRow:
                   "worker; fix it, then resume with tasks.ranges.start")
         log.error("range %s part %s: %s", self.job.name, self.part, reason)
         with self.sessions.begin() as session:
-            session.execute(self.guard(fence).values(
-                status=S.FAILED, owner=None, error=reason, finished_at=utcnow()))
+            failed = affected(session.execute(self.guard(fence).values(
+                status=S.FAILED, owner=None, error=reason, finished_at=utcnow())))
+            if failed:
+                record_failure(session, self.job.name, self.part, self.owner, reason)
         DeadLetters(self.sessions).add(DEAD_LETTER_KIND, f"{self.job.name}:{self.part}", reason, {
             "job": self.job.name, "part": self.part, "lo": claimed.lo, "hi": claimed.hi,
             "checkpoint": claimed.next_id, "crashes": claimed.crashes, "claims": claimed.claims})
@@ -244,3 +253,16 @@ def park_idle(session: Session, job: str, part: int, fence: int, status: str) ->
         partitions_of(job), WORK.c.part == part, WORK.c.fence == fence,
         WORK.c.status == status)
         .values(status=S.PAUSED, owner=None, throttled_until=None)))
+
+
+def restart_finished(session: Session, job: str) -> int:
+    """A new run of `job` walks its whole stored plan again (in the transaction that opens
+    the run): every finished partition (done, empty or failed) goes back to pending from
+    `lo`, its counts, takeovers and error cleared, so the run's rows, progress and ETA count
+    its own work only. Its fence is kept: the next claim takes a newer one. An open
+    partition (a job reconciled without a run) is left as it is. Returns how many."""
+    return affected(session.execute(update(WORK).where(
+        partitions_of(job), WORK.c.status.in_(S.FINISHED))
+        .values(status=S.PENDING, next_id=WORK.c.lo, rows_done=0, rows_skipped=0, rate=0.0,
+                claims=0, crashes=0, error=None, owner=None, started_at=None,
+                finished_at=None, dispatched_at=None, throttled_until=None)))

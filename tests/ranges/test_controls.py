@@ -204,7 +204,8 @@ def test_retry_failed_resumes_failed_partitions_from_their_checkpoints(
     wait_until(lambda: runs(engine, "cm_flaky")[-1].state == RunState.SUCCEEDED, 30,
                "the run succeeded")
     assert len(runs(engine, "cm_flaky")) == 1
-    assert events(engine, "cm_flaky") == ["start", "failed", "retry-failed", "succeeded"]
+    assert events(engine, "cm_flaky") == ["start", "partition-failed", "failed", "retry-failed",
+                                          "succeeded"]
     refused = jobs_cli(cluster, "retry-failed", "cm_flaky")
     assert refused.returncode == 1 and "is succeeded" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1

@@ -95,8 +95,17 @@
         bar(j.share, `ids walked ${j.ids_walked} of ${j.ids_planned}`)),
       el("p", { className: "facts" },
         `${Number(j.rows_done).toLocaleString("en")} rows done · `,
+        j.rows_skipped ? `${Number(j.rows_skipped).toLocaleString("en")} skipped · ` : "",
         `${Number(j.rows_per_s).toLocaleString("en")} rows/s · ETA ${j.eta}`),
     ];
+  }
+
+  // Seconds as the CLI prints them: 1h02m, 3m05s, 45s.
+  function duration(seconds) {
+    const whole = Math.round(seconds || 0);
+    const h = Math.floor(whole / 3600), m = Math.floor((whole % 3600) / 60), s = whole % 60;
+    const two = (n) => String(n).padStart(2, "0");
+    return h ? `${h}h${two(m)}m` : m ? `${m}m${two(s)}s` : `${s}s`;
   }
 
   function partRow(p) {
@@ -107,12 +116,23 @@
       td(p.fence, "num wide"), td(p.takeovers, "num wide"));
   }
 
+  // An event's detail on one line; a failed partition's traceback opens below it.
+  function eventItem(e) {
+    const [first, ...rest] = String(e.detail || "").split("\n");
+    const line = `${e.at} ${e.verb} by ${e.actor}${first ? ` (${first})` : ""}`;
+    if (!rest.length) return el("li", {}, line);
+    return el("li", {}, el("details", { className: "traceback" },
+      el("summary", {}, line), el("pre", {}, rest.join("\n"))));
+  }
+
   function runRow(r) {
-    const events = el("ul", { className: "events" }, r.events.map((e) =>
-      el("li", {}, `${e.at} ${e.verb} by ${e.actor}${e.detail ? ` (${e.detail})` : ""}`)));
+    const events = el("ul", { className: "events" }, r.events.map(eventItem));
+    const params = r.params ? Object.entries(r.params).map(([k, v]) => `${k}=${v}`).join(" ")
+      : "-";
     return el("tr", { dataset: { run: r.run, state: r.state } },
       td(r.run, "num"), td(badge(r.state)), td(r.started_at || "-"), td(r.finished_at || "-"),
-      num(r.rows), td(r.rows_per_s ? `${r.rows_per_s} rows/s` : "-", "num"), td(events));
+      td(duration(r.duration_s), "num"), td(r.started_by || "-"), num(r.rows), num(r.skipped),
+      td(r.rows_per_s ? `${r.rows_per_s} rows/s` : "-", "num"), td(params), td(events));
   }
 
   // The job page's filter and page, from its own address: the API takes the same names.
