@@ -1,0 +1,217 @@
+"""Run history that tells the truth on re-runs (issue 21): a second run's rows, progress and ETA
+count only its own work; run numbers count per job; a run shows its duration, who started it
+and its parameters; a failed partition leaves its error and traceback; skipped rows are
+counted on the run and run again once by `jobs retry-skipped` or a replayed `range-skip`
+letter. Real workers wherever a run is involved."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import sessionmaker
+
+import bench.cm_data  # noqa: F401  (registers the cm_data job in this process)
+import tests.support.control_jobs  # noqa: F401  (registers cm_flaky in this process)
+from examples.seed import seed_cm_data
+from tasks.deadletters.tables import DEAD_LETTERS
+from tasks.ranges.controls import Controls
+from tasks.ranges.runs import runs_of
+from tasks.ranges.skips import SKIP_KIND
+from tasks.ranges.tables import RANGE_RUNS, RunState
+from tasks.store.db import utcnow
+from tests.ranges.cluster import DATA, Platform
+from tests.ranges.control_support import control_platform, events, jobs_cli, runs
+from tests.support.control_jobs import BOOM
+from tests.support.workers import ROOT, celery_call, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def cli(cluster: Platform, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m tasks ARGS...` as an operator types it."""
+    return subprocess.run([sys.executable, "-m", "tasks", *args], env=cluster.env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def refused(done: subprocess.CompletedProcess[str], said: str) -> None:
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def processed(engine: Engine) -> dict[int, int]:
+    with engine.connect() as conn:
+        return {int(i): int(n) for i, n in conn.execute(
+            select(DATA.c.id, DATA.c.processed_count))}
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "postgresql", "mariadb"])
+def test_run_numbers_count_per_job_with_two_jobs_interleaved(engine: Engine,
+                                                             redis_client: redis.Redis) -> None:
+    seed_cm_data(engine, 10)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    controls = Controls(sessions, redis_client, lambda _job: {"dispatched": []})
+    order = [("start", "cm_data"), ("start", "cm_flaky"), ("cancel", "cm_data"),
+             ("start", "cm_data"), ("start", "cm_data"),  # joins the live run 2
+             ("cancel", "cm_flaky"), ("start", "cm_flaky"), ("cancel", "cm_data"),
+             ("start", "cm_data")]
+    reports = [(verb, getattr(controls, verb)(job, f"ops@{job}")) for verb, job in order]
+    assert [r["run"] for verb, r in reports if verb == "start"] == [1, 1, 2, 2, 2, 3]
+    with engine.connect() as conn:
+        stored = conn.execute(select(RANGE_RUNS.c.id, RANGE_RUNS.c.job, RANGE_RUNS.c.number,
+                                     RANGE_RUNS.c.started_by).order_by(RANGE_RUNS.c.id)).all()
+    assert [(r.job, r.number) for r in stored] == [
+        ("cm_data", 1), ("cm_flaky", 1), ("cm_data", 2), ("cm_flaky", 2), ("cm_data", 3)]
+    assert {r.started_by for r in stored if r.job == "cm_data"} == {"ops@cm_data"}
+    # The global id stays the internal name; people read the number.
+    newest = runs_of(sessions, "cm_data")[0].as_dict()
+    assert (newest["run"], newest["id"], newest["started_by"]) == (3, stored[-1].id,
+                                                                   "ops@cm_data")
+    assert newest["duration_s"] >= 0 and newest["finished_at"] is None
+    # The database itself refuses a second run 3 of cm_data.
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert(RANGE_RUNS).values(job="cm_data", number=3, state="running",
+                                               started_at=utcnow(), updated_at=utcnow(),
+                                               rows=0, rows_base=0))
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_a_second_run_counts_only_its_own_rows_progress_and_eta(
+        engine: Engine, platform: Callable[..., Platform]) -> None:
+    seed_cm_data(engine, 3000)
+    cluster = platform(CM_DATA_PARTITION_SIZE="1000")
+    first = cluster.worker("a")
+    cluster.beat()
+    cluster.start_job()
+    wait_until(lambda: [r.state for r in runs(engine)] == [RunState.SUCCEEDED], 60,
+               "run 1 succeeded")
+    # 1,000 rows come to match again; run 2 is held at 100 rows/s before a worker runs it.
+    first.stop()
+    with engine.begin() as conn:
+        conn.execute(update(DATA).where(DATA.c.id <= 1000).values(status=0))
+    cluster.start_held(100)
+    cluster.worker("b")
+
+    def midway() -> dict[str, Any] | None:
+        [job] = json.loads(cli(cluster, "status", "--json").stdout)["jobs"]
+        return job if job["rows_done"] >= 200 and job["eta_s"] is not None else None
+
+    job = wait_until(midway, 60, "run 2 under way")
+    assert job["run"] == 2 and job["state"] == RunState.RUNNING
+    assert job["rows_done"] < 1000 and job["ids_walked"] < job["ids_planned"] == 3000
+    assert job["eta_s"] > 0
+    text = cli(cluster, "status").stdout
+    assert "(run 2)" in text and "100.0%" not in text, text
+    history = json.loads(jobs_cli(cluster, "runs", "cm_data", "--json").stdout)["runs"]
+    assert [r["run"] for r in history] == [2, 1]
+    assert 200 <= history[0]["rows"] < 1000 and history[1]["rows"] == 3000
+    cluster.throttle(0)
+    wait_until(lambda: [r.state for r in runs(engine)] == [RunState.SUCCEEDED] * 2, 60,
+               "run 2 succeeded")
+    assert [r.rows for r in runs(engine)] == [3000, 1000]
+    [job] = json.loads(cli(cluster, "status", "--json").stdout)["jobs"]
+    assert (job["rows_done"], job["ids_walked"], job["eta_s"]) == (1000, 3000, None)
+    counts = processed(engine)
+    assert all(counts[i] == (2 if i <= 1000 else 1) for i in counts)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_a_failed_partition_shows_its_error_and_traceback(
+        engine: Engine, platform: Callable[..., Platform], tmp_path: Path) -> None:
+    seed_cm_data(engine, 4000)
+    with engine.begin() as conn:
+        conn.execute(update(DATA).where(DATA.c.id == 3100).values(payload=BOOM))
+    flaky = tmp_path / "flaky"
+    flaky.touch()
+    cluster = control_platform(platform, TEST_FLAKY_FILE=str(flaky))
+    cluster.worker("a")
+    cluster.beat()
+    sent = celery_call(cluster.env, "tasks.ranges.start", "--args", '["cm_flaky"]')
+    assert sent.returncode == 0, sent.stderr
+    wait_until(lambda: runs(engine, "cm_flaky")[-1].state == RunState.FAILED, 60,
+               "the run failed")
+    listed = jobs_cli(cluster, "runs", "cm_flaky")
+    assert listed.returncode == 0, listed.stderr
+    assert "run 1  failed" in listed.stdout and "by task:" in listed.stdout
+    assert "partition-failed by " in listed.stdout and "(part 1: ValueError: boom)" in listed.stdout
+    assert "Traceback" not in listed.stdout  # one line per event in the list
+    detail = json.loads(jobs_cli(cluster, "run", "cm_flaky", "1", "--json").stdout)
+    assert (detail["run"], detail["state"], detail["rows"]) == (1, RunState.FAILED, 3000)
+    assert detail["duration_s"] > 0 and detail["started_by"].startswith("task:")
+    [failure] = detail["failures"]
+    assert (failure["part"], failure["error"]) == (1, "ValueError: boom")
+    assert failure["traceback"].startswith("Traceback (most recent call last)")
+    assert "_fail_on_boom" in failure["traceback"]
+    assert failure["traceback"].endswith("ValueError: boom")
+    text = jobs_cli(cluster, "run", "cm_flaky", "1").stdout
+    assert "part 1 failed at" in text and "    Traceback (most recent call last)" in text
+
+
+def skip_letters(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(DEAD_LETTERS).where(DEAD_LETTERS.c.kind == SKIP_KIND)
+                                 .order_by(DEAD_LETTERS.c.id)).all())
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"])
+def test_skipped_rows_are_counted_and_each_retried_once(
+        engine: Engine, platform: Callable[..., Platform], tmp_path: Path) -> None:
+    seed_cm_data(engine, 2000)
+    bad = tmp_path / "bad"
+    bad.write_text("5,50,1500")
+    cluster = platform(EXTRA_TASK_MODULES="bench.cm_data,tests.support.skip_jobs",
+                       TEST_BAD_ROWS=str(bad))
+    refused(jobs_cli(cluster, "retry-skipped", "cm_skippy"), "the job has no run")
+    cluster.worker("a")
+    cluster.beat()
+    assert jobs_cli(cluster, "start", "cm_skippy").returncode == 0
+    wait_until(lambda: [r.state for r in runs(engine, "cm_skippy")] == [RunState.SUCCEEDED],
+               60, "run 1 succeeded")
+    [run] = runs(engine, "cm_skippy")
+    assert (run.rows, run.skipped) == (1997, 3)
+    assert [(json.loads(r.payload)["row_id"], json.loads(r.payload)["run"])
+            for r in skip_letters(engine)] == [(5, run.id), (50, run.id), (1500, run.id)]
+    [job] = json.loads(cli(cluster, "status", "--json").stdout)["jobs"]
+    assert (job["rows_done"], job["rows_skipped"]) == (1997, 3)
+    # Rows 5 and 1500 are fixed, 50 is still bad: each runs once more, 50 is quarantined again.
+    bad.write_text("50")
+    retried = jobs_cli(cluster, "retry-skipped", "cm_skippy")
+    assert retried.returncode == 0, retried.stderr
+    assert "cm_skippy run 1: running (retried 3" in retried.stdout, retried.stdout
+    wait_until(lambda: [r.state for r in runs(engine, "cm_skippy")] == [RunState.SUCCEEDED],
+               60, "run 1 succeeded again")
+    [run] = runs(engine, "cm_skippy")
+    assert (run.rows, run.skipped) == (1999, 1)
+    counts = processed(engine)
+    assert {i for i, n in counts.items() if n != 1} == {50} and counts[50] == 0
+    letters = skip_letters(engine)
+    assert [r.replayed_at is not None for r in letters] == [True, True, True, False]
+    assert json.loads(letters[-1].payload)["row_id"] == 50
+    # A replay of 50's new letter runs that one row again; a second replay is refused.
+    bad.write_text("")
+    replayed = cli(cluster, "deadletters", "replay", str(letters[-1].id))
+    assert replayed.returncode == 0, replayed.stderr
+    assert "row 50 is out of quarantine and runs again in run 1" in replayed.stdout
+    wait_until(lambda: [r.state for r in runs(engine, "cm_skippy")] == [RunState.SUCCEEDED],
+               60, "run 1 succeeded a third time")
+    cluster_rows = processed(engine)
+    assert set(cluster_rows.values()) == {1}
+    [run] = runs(engine, "cm_skippy")
+    assert (run.rows, run.skipped) == (2000, 0)
+    assert events(engine, "cm_skippy").count("retry-skipped") == 2
+    # Nothing left to retry, and bad input: one line, exit 1, nothing changed.
+    before = (runs(engine, "cm_skippy"), skip_letters(engine))
+    refused(jobs_cli(cluster, "retry-skipped", "cm_skippy"), "run 1 has no skipped rows")
+    refused(cli(cluster, "deadletters", "replay", str(letters[-1].id)), "already replayed")
+    refused(jobs_cli(cluster, "retry-skipped", "no_such_job"), "unknown range job")
+    refused(jobs_cli(cluster, "run", "cm_skippy", "2"), "cm_skippy has no run 2")
+    assert (runs(engine, "cm_skippy"), skip_letters(engine)) == before
+    assert processed(engine) == cluster_rows
