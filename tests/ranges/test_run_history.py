@@ -31,7 +31,9 @@ from tasks.store.db import utcnow
 from tests.ranges.cluster import DATA, Platform
 from tests.ranges.control_support import control_platform, events, jobs_cli, runs
 from tests.support.control_jobs import BOOM
+from tests.support.redis_server import free_port
 from tests.support.workers import ROOT, celery_call, wait_until
+from tests.test_console_http import PASSWORD, USER, Browserless, start_console
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -153,6 +155,21 @@ def test_a_failed_partition_shows_its_error_and_traceback(
     assert failure["traceback"].endswith("ValueError: boom")
     text = jobs_cli(cluster, "run", "cm_flaky", "1").stdout
     assert "part 1 failed at" in text and "    Traceback (most recent call last)" in text
+    # The console's job page reads the same history.
+    console, base = start_console(dict(cluster.env, CONSOLE_USER=USER, CONSOLE_PASSWORD=PASSWORD,
+                                       CONSOLE_PORT=str(free_port())))
+    try:
+        operator = Browserless(base)
+        assert operator.login().status == 302
+        page = operator.request("/api/jobs/cm_flaky").json()["data"]
+    finally:
+        console.stop()
+    assert (page["job"]["run"], page["job"]["rows_done"]) == (1, 3000)
+    [shown] = page["runs"]
+    assert (shown["run"], shown["started_by"], shown["rows"]) == (1, detail["started_by"], 3000)
+    assert shown["duration_s"] == detail["duration_s"]
+    [event] = [e for e in shown["events"] if e["verb"] == "partition-failed"]
+    assert event["detail"].startswith("part 1: ValueError: boom\nTraceback")
 
 
 def skip_letters(engine: Engine) -> list[Any]:
