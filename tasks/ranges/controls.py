@@ -119,11 +119,14 @@ class Controls:
         checked before anything is written. The run, the plan's reset and the job's schedule
         change in one transaction: a start that fails (the database away, a table it cannot
         plan, parameters refused) changes nothing. Two starts racing to open a run: the loser
-        meets the run number's unique constraint, rolls back, and joins the winner's run."""
-        try:
-            return self._start(job, actor, params)
-        except IntegrityError:
-            return self._start(job, actor, params)
+        finds the winner's run in its transaction (or meets the run number's unique
+        constraint), rolls back, and joins the winner's run."""
+        for _ in range(CONFLICT_TRIES - 1):
+            try:
+                return self._start(job, actor, params)
+            except (IntegrityError, RunChanged):
+                continue
+        return self._start(job, actor, params)
 
     def _start(self, job: str, actor: str, params: object) -> dict[str, Any]:
         found = get_job(job)
@@ -135,6 +138,12 @@ class Controls:
         stored = self._params_for(found, run, params)
         self._check_plannable(found)
         with writing(self.sessions) as session:
+            latest = session.execute(select(RANGE_RUNS.c.id, RANGE_RUNS.c.state).where(
+                RANGE_RUNS.c.job == name).order_by(RANGE_RUNS.c.id.desc()).limit(1)).first()
+            if (tuple(latest) if latest is not None else None) != (
+                    (run.id, run.state) if run is not None else None):
+                raise RunChanged(f"start {name}: the job's run changed while this start ran; "
+                                 "nothing was changed, try again")
             if run is not None and run.state in RunState.LIVE:
                 record(session, run.id, name, "start", actor, f"already {run.state}")
                 return {"run": run.shown, "replanned": 0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,39 @@ def test_skipped_rows_are_counted_and_each_retried_once(
     refused(jobs_cli(cluster, "run", "cm_skippy", "2"), "cm_skippy has no run 2")
     assert (runs(engine, "cm_skippy"), skip_letters(engine)) == before
     assert processed(engine) == cluster_rows
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "postgresql"])
+def test_two_starts_at_once_open_one_run(engine: Engine, redis_client: redis.Redis,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both starts read "no run" before either writes (a barrier holds the first of them
+    there until the second has read too): one opens run 1, the other joins it."""
+    import tasks.ranges.controls as module
+
+    seed_cm_data(engine, 10)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    barrier, held = threading.Barrier(2, timeout=10), threading.local()
+    read = module.current_run
+
+    def both_read_first(found_in: Any, job: str) -> Any:
+        run = read(found_in, job)
+        if not getattr(held, "done", False):
+            held.done = True
+            barrier.wait()
+        return run
+
+    monkeypatch.setattr(module, "current_run", both_read_first)
+    reports: list[dict[str, Any]] = []
+
+    def start(who: str) -> None:
+        controls = Controls(sessions, redis_client, lambda _job: {"dispatched": []})
+        reports.append(controls.start("cm_data", who))
+
+    threads = [threading.Thread(target=start, args=(who,)) for who in ("a@h", "b@h")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert [r["run"] for r in reports] == [1, 1]
+    assert [(r.number, r.state) for r in runs(engine)] == [(1, RunState.RUNNING)]
+    assert events(engine) == ["start", "start"]  # the second: "already running"
