@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, column, insert, select, table, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
@@ -269,3 +269,33 @@ def test_two_starts_at_once_open_one_run(engine: Engine, redis_client: redis.Red
     assert [r["run"] for r in reports] == [1, 1]
     assert [(r.number, r.state) for r in runs(engine)] == [(1, RunState.RUNNING)]
     assert events(engine) == ["start", "start"]  # the second: "already running"
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "postgresql", "mariadb"])
+def test_migration_0015_numbers_older_runs_per_job_and_names_their_starters(
+        engine: Engine) -> None:
+    from devtools.demo import reset_database
+    from tasks.store.migrate import upgrade
+
+    reset_database(engine)
+    upgrade(engine, "0014")
+    now = utcnow()
+    old_runs = table("range_runs", column("id"), column("job"), column("state"),
+                     column("started_at"), column("updated_at"), column("rows"),
+                     column("rows_base"))
+    old_events = table("range_run_events", column("run_id"), column("job"), column("verb"),
+                       column("actor"), column("at"))
+    with engine.begin() as conn:
+        for run_id, job in ((1, "a"), (2, "b"), (3, "a"), (4, "a")):
+            conn.execute(insert(old_runs).values(id=run_id, job=job, state="succeeded",
+                                                 started_at=now, updated_at=now, rows=0,
+                                                 rows_base=0))
+            conn.execute(insert(old_events).values(run_id=run_id, job=job, verb="start",
+                                                   actor=f"ops{run_id}@h", at=now))
+    upgrade(engine)
+    with engine.connect() as conn:
+        got = conn.execute(select(RANGE_RUNS.c.id, RANGE_RUNS.c.number,
+                                  RANGE_RUNS.c.started_by, RANGE_RUNS.c.skipped)
+                           .order_by(RANGE_RUNS.c.id)).all()
+    assert [tuple(r) for r in got] == [(1, 1, "ops1@h", 0), (2, 1, "ops2@h", 0),
+                                       (3, 2, "ops3@h", 0), (4, 3, "ops4@h", 0)]
