@@ -113,8 +113,10 @@ def replay_skip(sessions: sessionmaker[Session], letter_id: int) -> str:
         run = _current(session, skipped.job)
         if not _retry(session, run, [skipped], f"replay of dead letter {letter_id}"):
             raise AlreadyReplayed(letter_id, row.replayed_at, row.replay_task_id)
-    where = (f"run {run.shown} of {skipped.job} ({_state_after(run)})" if run is not None
-             else f"{skipped.job}'s next run")
+    if run is None or run.state == RunState.CANCELLED:
+        where = f"{skipped.job}'s next run"
+    else:
+        where = f"run {run.shown} of {skipped.job} ({_state_after(run)})"
     return f"row {skipped.row_id} is out of quarantine and runs again in {where}"
 
 
