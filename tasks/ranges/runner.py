@@ -50,6 +50,12 @@ __all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "Fenced
 
 log = logging.getLogger("tasks.ranges")
 
+# A partition's fence counter in Redis (`fence:{range:JOB:PART}`) expires this long after its
+# last acquire, so a finished job's 100,000 partitions do not keep 100,000 keys for ever. The
+# work row's fence is the floor of every acquire (what keeps fences rising after FLUSHALL), so a
+# counter that expired starts above every fence a holder ever wrote.
+FENCE_TTL_S = 86_400.0
+
 T = TypeVar("T")
 # A test seam: called with the name of a step of the run ("keyset-done") as it passes it.
 Seam = Callable[[str], None]
@@ -114,7 +120,7 @@ class PartitionRunner:
             return Outcome.PAUSED
         try:
             lease = self.leases.acquire(self.job.lease_name(self.part), ttl=self.lease_ttl,
-                                        fence_floor=row.fence)
+                                        fence_floor=row.fence, fence_ttl=FENCE_TTL_S)
         except NotAcquired:
             return Outcome.BUSY
         except (RedisError, OSError) as exc:
