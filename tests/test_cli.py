@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,40 @@ def test_status_on_a_database_that_does_not_exist_says_so_without_a_traceback(
     assert ("does not exist" in run.stderr or "Unknown database" in run.stderr), run.stderr
     assert "DATABASE_URL=" in run.stderr
     assert not list(tmp_path.rglob("*.sqlite"))
+
+
+@pytest.mark.parametrize(("overrides", "args", "expected"), [
+    ({"LEASE_TTL": "abc"}, ("status",), "LEASE_TTL='abc' is not a number"),
+    ({"EXTRA_TASK_MODULES": "nosuch.jobs"}, ("status",),
+     "EXTRA_TASK_MODULES names 'nosuch.jobs', which cannot be imported"),
+    ({"EXTRA_TASK_MODULES": "nosuch.jobs"}, ("jobs", "runs", "cm_data"),
+     "EXTRA_TASK_MODULES names 'nosuch.jobs', which cannot be imported"),
+    ({"REDIS_URL_FILE": "/nonexistent/redis_url"}, ("status",),
+     "REDIS_URL_FILE='/nonexistent/redis_url': cannot read it"),
+])
+def test_a_bad_setting_or_module_is_one_line_naming_it(
+    tmp_path: Path, overrides: dict[str, str], args: tuple[str, ...], expected: str
+) -> None:
+    env = platform_env(DATABASE_URL=f"sqlite:///{tmp_path}/c.db", **overrides)
+    if "REDIS_URL_FILE" in overrides:
+        env.pop("REDIS_URL", None)
+    done = tasks_cli(env, *args, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m tasks: {expected}"), lines
+
+
+def test_the_console_script_has_a_version_and_shell_completion(tmp_path: Path) -> None:
+    env = platform_env(DATABASE_URL=f"sqlite:///{tmp_path}/c.db")
+    script = Path(sys.executable).with_name("rangekeeper")
+    version = subprocess.run([str(script), "--version"], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"rangekeeper {importlib.metadata.version('rangekeeper')}"
+    bash = subprocess.run([str(script), "completion", "bash"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert bash.returncode == 0 and "_RANGEKEEPER_COMPLETE=bash_complete" in bash.stdout
+    # The script it prints completes the real commands.
+    env.update(_RANGEKEEPER_COMPLETE="bash_complete", COMP_WORDS="rangekeeper jo", COMP_CWORD="1")
+    words = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert "plain,jobs" in words.stdout.splitlines()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tasks.cli.common import open_resources, require_redis, require_tables
+from tasks.cli.common import load_jobs, open_resources, require_redis, require_tables
 
 if TYPE_CHECKING:
     from tasks.cli.render import RenderableType
@@ -65,6 +65,7 @@ def status(job: str | None, states: tuple[str, ...], owner: str | None, slowest:
         query = PartitionQuery.parse(job, states, owner, slowest, limit, after)
     except InvalidPage as exc:
         fail(f"status: {exc}")
+    load_jobs()  # a bad EXTRA_TASK_MODULES is reported here as in `jobs`, not ignored
     with open_resources() as res:
         require_tables(res)
         require_redis(res)

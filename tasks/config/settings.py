@@ -200,7 +200,7 @@ def load_settings(env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     values: dict[str, object] = {}
     for field, (name, parse) in _FIELDS.items():
-        raw = env.get(name, "").strip()
+        raw = envparse.value(env, name)
         if raw:
             values[field] = parse(name, raw)
     redis_url = str(values.get("redis_url", DEFAULT_REDIS_URL))
@@ -258,7 +258,7 @@ def load_section(cls: type[S], env: Mapping[str, str]) -> S:
         if parse is None:
             continue
         name = env_name(cls, field)  # type: ignore[arg-type]
-        raw = env.get(name, "").strip()
+        raw = envparse.value(env, name)
         if raw:
             values[field.name] = parse(name, raw)
     return cls(**values)
