@@ -24,8 +24,12 @@ def migrate() -> None:
     from tasks.wings import load_tables
 
     with open_resources(need_file=False) as res:
-        upgrade(res.engine, metadata=load_tables())
-    click.echo("schema is up to date")
+        applied = upgrade(res.engine, metadata=load_tables(),
+                          schema=res.settings.database_schema)
+    for revision, doc in applied:
+        click.echo(f"applied {revision}: {doc}")
+    click.echo(f"schema is up to date ({len(applied)} migration"
+               f"{'' if len(applied) == 1 else 's'} applied)")
 
 
 @click.command()

@@ -212,6 +212,17 @@ def modules(name: str, raw: str) -> tuple[str, ...]:
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def identifier(name: str, raw: str) -> str:
+    """A lower-case SQL identifier (a schema name), used unquoted-safe in DDL."""
+    if not IDENTIFIER.match(raw):
+        raise SettingsError(f"{name}={raw[:80]!r} must match {IDENTIFIER.pattern} (a lower-case "
+                            "SQL identifier)")
+    return raw
+
+
 def one_of(*choices: str) -> Callable[[str, str], str]:
     """One of `choices`, exactly."""
     def parse(name: str, raw: str) -> str:

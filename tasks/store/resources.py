@@ -66,7 +66,8 @@ class Resources:
         with self._lock:
             if self._engine is None:
                 self._engine = make_engine(self.settings.database_url,
-                                           idle_timeout=self.settings.lease_ttl)
+                                           idle_timeout=self.settings.lease_ttl,
+                                           schema=self.settings.database_schema)
             return self._engine
 
     @property
@@ -98,7 +99,8 @@ class Resources:
         self._shared = {}
 
 
-def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> Engine:
+def make_engine(url: str, idle_timeout: float | None = None, schema: str | None = None,
+                **kwargs: Any) -> Engine:
     """Create an engine that behaves the same on SQLite, PostgreSQL and MariaDB.
 
     `idle_timeout` (seconds; the lease TTL for workers) makes the server end a session whose
@@ -132,10 +134,10 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
             conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("write_intent") else "BEGIN")
 
         return engine
-    if idle_timeout is not None and url.startswith("postgresql"):
-        millis = max(int(idle_timeout * 1000), 1000)
-        kwargs.setdefault("connect_args", {})["options"] = (
-            f"-c idle_in_transaction_session_timeout={millis} -c lock_timeout={2 * millis}")
+    if url.startswith("postgresql"):
+        options = _pg_options(url, idle_timeout, schema)
+        if options:
+            kwargs.setdefault("connect_args", {})["options"] = options
     engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_recycle=1800, **kwargs)
     if idle_timeout is not None and engine.dialect.name in ("mysql", "mariadb"):
         seconds = max(math.ceil(idle_timeout), 1)
@@ -148,6 +150,20 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
             cursor.close()
 
     return engine
+
+
+def _pg_options(url: str, idle_timeout: float | None, schema: str | None) -> str:
+    """PostgreSQL's startup `options`: the URL's own (`?options=-csearch_path%3Dapp`) kept,
+    then the schema (DATABASE_SCHEMA) first on the search path, then the timeouts."""
+    given = sqlalchemy.engine.make_url(url).query.get("options")
+    found = [given] if isinstance(given, str) else list(given or ())
+    if schema is not None:
+        found.append(f"-c search_path={schema}")
+    if idle_timeout is not None:
+        millis = max(int(idle_timeout * 1000), 1000)
+        found.append(f"-c idle_in_transaction_session_timeout={millis} "
+                     f"-c lock_timeout={2 * millis}")
+    return " ".join(found)
 
 
 _registry: dict[Settings, Resources] = {}
