@@ -122,43 +122,49 @@ def start_job(job: str, actor: str, params: object = None) -> dict[str, Any]:
     return report
 
 
-@app.task(name="tasks.ranges.start", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.start", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def start(self: Task, job: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start range job `job` with run parameters `params`: see `start_job`."""
     return start_job(job, _actor(self), params)
 
 
-@app.task(name="tasks.ranges.pause", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.pause", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def pause(self: Task, job: str) -> dict[str, Any]:
     """Pause `job`: each running partition commits its batch, releases its lease, is paused."""
     return controls().pause(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.resume", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.resume", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def resume(self: Task, job: str) -> dict[str, Any]:
     """Resume a paused `job`: its paused partitions are dispatched at once."""
     return controls().resume(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.cancel", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.cancel", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def cancel(self: Task, job: str) -> dict[str, Any]:
     """Cancel `job`'s run (pause, and the run ends); `start` begins a new run afterwards."""
     return controls().cancel(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.retry_failed", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.retry_failed", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def retry_failed(self: Task, job: str) -> dict[str, Any]:
     """Failed partitions of `job` go back to pending, keeping their checkpoints."""
     return controls().retry_failed(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.throttle", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.throttle", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def throttle(self: Task, job: str, rows_per_s: float) -> dict[str, Any]:
     """Cap `job` at `rows_per_s` rows per second over all its partitions (0 lifts the cap)."""
     return controls().throttle(job, rows_per_s, _actor(self))
 
 
-@app.task(name="tasks.ranges.reconcile")
+@app.task(name="tasks.ranges.reconcile", control_plane=True)
 def reconcile() -> list[dict[str, Any]]:
     """One reconcile round for every active job (beat emits this every few seconds)."""
     jobs = registered_jobs()

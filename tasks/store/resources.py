@@ -109,31 +109,7 @@ def make_engine(url: str, idle_timeout: float | None = None, schema: str | None 
     sleeps. Its lease is gone by then anyway, so its batch must roll back.
     """
     if url.startswith("sqlite"):
-        # sqlalchemy.create_engine looked up at each call: tracing may have instrumented it.
-        engine = sqlalchemy.create_engine(url, connect_args={"timeout": 30}, **kwargs)
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
-            # Let SQLAlchemy, not the driver, decide where transactions begin (see below).
-            dbapi_conn.isolation_level = None
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def _begin(conn: Any) -> None:
-            # SQLAlchemy, not the driver, starts transactions. A transaction that will read
-            # and then write (WRITE_INTENT) takes the write lock up front, so it waits for it
-            # (busy_timeout) instead of failing with SQLITE_BUSY after its read; every other
-            # transaction starts deferred, so readers never wait under WAL.
-            options = conn.get_execution_options()
-            if options.get("isolation_level") == "AUTOCOMMIT":
-                return
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("write_intent") else "BEGIN")
-
-        return engine
+        return _sqlite_engine(url, **kwargs)
     if url.startswith("postgresql"):
         options = _pg_options(url, idle_timeout, schema)
         if options:
@@ -148,6 +124,35 @@ def make_engine(url: str, idle_timeout: float | None = None, schema: str | None 
             cursor.execute(f"SET SESSION idle_write_transaction_timeout = {seconds}")
             cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {2 * seconds}")
             cursor.close()
+
+    return engine
+
+
+def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
+    """A SQLite engine: WAL, and transactions begun by SQLAlchemy (write intent: IMMEDIATE)."""
+    # sqlalchemy.create_engine looked up at each call: tracing may have instrumented it.
+    engine = sqlalchemy.create_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
+        # Let SQLAlchemy, not the driver, decide where transactions begin (see below).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        # SQLAlchemy, not the driver, starts transactions. A transaction that will read
+        # and then write (WRITE_INTENT) takes the write lock up front, so it waits for it
+        # (busy_timeout) instead of failing with SQLITE_BUSY after its read; every other
+        # transaction starts deferred, so readers never wait under WAL.
+        options = conn.get_execution_options()
+        if options.get("isolation_level") == "AUTOCOMMIT":
+            return
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("write_intent") else "BEGIN")
 
     return engine
 
