@@ -32,6 +32,13 @@ from tests.support.workers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
+
+@pytest.fixture
+def db_kind() -> str:
+    """SQLite unless a test names its databases: the logic is the database's compare-and-set
+    UPDATEs, which PostgreSQL runs too where it matters."""
+    return "sqlite"
+
 CALLS: list[tuple[str, dict[str, Any]]] = []
 FAILS: dict[str, int] = {}  # hook -> how many more tries raise
 
@@ -139,7 +146,7 @@ def test_each_end_runs_its_hook_once_with_the_run_summary(
     json.dumps(CALLS[0][1])  # the summary a signature hook would carry
     # Owed no more: the next reconcile rounds send nothing, and nothing runs again.
     assert hooks(sessions).deliver() == [] and len(CALLS) == 3
-    assert _verbs(sessions, first) == ["start", "succeeded", "hook"]
+    assert _verbs(sessions, first) == ["start", "hook"]
 
 
 def test_a_hook_that_raises_is_retried_and_one_that_keeps_failing_is_recorded(
