@@ -79,12 +79,15 @@ def owed(sessions: sessionmaker[Session], resend: float, limit: int = 100,
 def claim(sessions: sessionmaker[Session], found: Owed, task_id: str | None) -> bool:
     """Make `task_id` the owner of the run's owed hook, if nobody claimed it since `found`
     was read (two reconcile tasks at once send it once); `task_id` None: nothing is owed
-    after all (the job declares no hook for that end), the outbox is cleared."""
+    after all (the job declares no hook for that end), the outbox is cleared; "": the
+    claim of `found.task` is given back (its send failed)."""
     seen = (RANGE_RUNS.c.hook_task.is_(None) if found.task is None
             else RANGE_RUNS.c.hook_task == found.task)
     values: dict[str, Any] = {"hook_task": task_id, "hook_sent_at": utcnow()}
     if task_id is None:
         values = {"hook": None, "hook_task": None, "hook_sent_at": None}
+    elif not task_id:  # a claim whose send failed is given back
+        values = {"hook_task": None, "hook_sent_at": None}
     with writing(sessions) as session:
         return affected(session.execute(update(RANGE_RUNS).where(
             RANGE_RUNS.c.id == found.run_id, RANGE_RUNS.c.hook == found.state, seen)
@@ -109,7 +112,13 @@ def deliver(sessions: sessionmaker[Session], send: Send, resend: float,
         task_id = new_task_id(found.run_id)
         if not claim(sessions, found, task_id):
             continue
-        send(found.run_id, found.state, task_id)
+        try:
+            send(found.run_id, found.state, task_id)
+        except Exception as exc:  # the broker is away: the next reconcile task sends it
+            log.warning("range %s run %d: hook not sent (%s); trying again next round",
+                        found.job, found.run_id, type(exc).__name__)
+            claim(sessions, Owed(found.run_id, found.job, found.state, task_id), "")
+            continue
         sent.append(found.run_id)
     if sent:
         log.info("range hooks: sent the hooks of runs %s", sent[:20])

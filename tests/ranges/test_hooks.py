@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from celery import signature
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from examples.seed import seed_cm_data
@@ -176,6 +176,16 @@ def test_a_hook_lost_between_claim_and_send_is_sent_again_and_runs_once(
     # The claim commits, then the process dies before its message is sent.
     assert hooks(sessions).deliver(lambda _r, _s, task_id: lost.append(task_id)) == [run_id]
     assert hooks(sessions).deliver() == [] and not CALLS  # claimed: not sent twice meanwhile
+    # A send that fails (the broker away) gives its claim back: the next round sends it.
+    def refused(_r: int, _s: str, _t: str) -> None:
+        raise ConnectionError("broker away")
+
+    with writing(sessions) as session:  # as if the claim above had not been made
+        session.execute(update(RANGE_RUNS).where(RANGE_RUNS.c.id == run_id)
+                        .values(hook_task=None))
+    assert hooks(sessions).deliver(refused) == []
+    assert [o.task for o in owed(sessions, 3600.0)] == [None]
+    assert hooks(sessions).deliver(lambda _r, _s, task_id: lost.append(task_id)) == [run_id]
     # A second claimer that read the row before the first claim loses the compare-and-set.
     assert not claim(sessions, Owed(run_id, job.name, RunState.SUCCEEDED, None), "late")
     # RANGE_HOOK_RESEND later it is sent again, under a new task id.
@@ -242,3 +252,38 @@ def test_the_hook_runs_once_when_the_worker_that_ended_the_run_is_killed_in_it(
 
 def _run_events(engine: Engine, run_id: int) -> list[Any]:
     return events_of(sessionmaker(engine), [run_id])[run_id]
+
+
+def _sent(client: Any, queue: str) -> tuple[str, list[Any]]:
+    """The task name and arguments of the one message waiting on `queue` (Redis broker)."""
+    import base64
+
+    raw = client.lpop(queue)
+    assert raw is not None, f"no message on {queue}"
+    message = json.loads(raw)
+    args = json.loads(base64.b64decode(message["body"]))[0]
+    return message["headers"]["task"], args
+
+
+def test_a_signature_hook_is_sent_with_the_summary_first_unless_immutable() -> None:
+    """What the hook task sends for a signature hook, read off the real broker: `.s()`
+    receives the run summary first (as a Celery link callback receives a result), an
+    immutable one (starting the next job) is sent as declared."""
+    import redis
+
+    from tasks.celery import app, settings
+    from tasks.ranges.hooks import call
+
+    client = redis.Redis.from_url(settings.broker_url)
+    run = {"job": "a", "run": 7, "state": "succeeded"}
+    try:
+        client.delete("celery", "control")
+        chained = signature("tasks.ranges.start", args=["next_job"], immutable=True)
+        assert call(app, chained, run).startswith("sent tasks.ranges.start as task ")
+        assert _sent(client, "control") == ("tasks.ranges.start", ["next_job"])
+        notify = signature("myapp.notify", kwargs={"channel": "ops"})
+        call(app, notify, run)
+        assert _sent(client, "celery") == ("myapp.notify", [run])
+    finally:
+        client.delete("celery", "control")
+        client.close()
