@@ -160,8 +160,10 @@ def test_a_hook_that_raises_is_retried_and_one_that_keeps_failing_is_recorded(
     controls.start(job.name, "me@here")
     bad = _end(sessions, job.name, RunState.FAILED)
     FAILS["failure"] = 100
+    sent: list[tuple[int, str, str]] = []
+    assert hooks(sessions).deliver(lambda *message: sent.append(message)) == [bad]
     with pytest.raises(ConnectionError):
-        hooks(sessions).deliver()
+        hooks(sessions).apply(*sent[0])
     assert [name for name, _ in CALLS].count("failure") == 6  # the first try and 5 retries
     events = events_of(sessions, [bad])[bad]
     assert events[-1].verb == "hook-failed" and "failed after 6 tries" in str(events[-1].detail)
