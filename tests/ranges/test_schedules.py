@@ -25,7 +25,7 @@ from tasks.ranges.tables import JOB_SCHEDULES, RANGE_RUN_EVENTS, RANGE_RUNS, Run
 from tasks.ranges.timetable import Fire, clear_schedule, set_schedule, tick, views
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import jobs_cli
-from tests.support.workers import wait_until
+from tests.support.workers import CELERY, Proc, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -278,6 +278,13 @@ def test_cli_sets_shows_and_clears_and_refuses_bad_input_with_one_line(
     assert cleared.returncode == 0 and "cm_data: no schedule" in cleared.stdout
 
 
+def _beat(cluster: Platform, name: str) -> Proc:
+    """A beat at DEBUG: frequent entries' "Sending due task" lines show only there."""
+    proc = Proc([*CELERY, "beat", "--loglevel=DEBUG"], cluster.env, name)
+    cluster.procs.append(proc)
+    return proc
+
+
 DUE = re.compile(r"due (\S+Z)(?:, covering (\d+) earlier)?")
 
 
@@ -303,9 +310,9 @@ def test_two_beats_with_the_leader_killed_fire_each_due_time_once(
     done = jobs_cli(cluster, "schedule", "cm_data", "*/2 * * * * *")
     assert done.returncode == 0, done.stderr
     cluster.worker("w")
-    leader = cluster.beat("beat-a")
+    leader = _beat(cluster, "beat-a")
     leader.wait_for("became leader", timeout=60)
-    standby = cluster.beat("beat-b")
+    standby = _beat(cluster, "beat-b")
     standby.wait_for("beat: Starting...", timeout=60)
     wait_until(lambda: len(_due_times(engine)) >= 2, 30, "two fires by the first leader")
     assert "Sending due task range-schedules" not in standby.output()
