@@ -1,5 +1,8 @@
 """`python -m tasks jobs start|pause|resume|cancel|retry-failed|throttle|runs JOB ...`.
 
+`schedule JOB CRON [--policy] [--missed]`, `schedule JOB --clear` and `schedules` set, clear and
+list the jobs' cron schedules (`tasks.ranges.timetable`).
+
 `start` takes the run's parameters (`--param NAME=VALUE`, repeated) and `--dry-run`, which
 prints what the start would do and writes nothing (`tasks.ranges.dryrun`).
 
@@ -36,7 +39,8 @@ def actor() -> str:
 
 @click.group()
 def jobs() -> None:
-    """Range-job controls (pause, resume, cancel, retry-failed, throttle) and run history."""
+    """Range-job controls (pause, resume, cancel, retry-failed, throttle), run history and
+    schedules."""
 
 
 @contextmanager
@@ -193,3 +197,71 @@ def runs(job: str, limit: int, as_json: bool) -> None:
         for e in events[r.id]:
             click.echo(f"    {e.as_dict()['at']}  {e.verb:<12} by {e.actor}"
                        + (f"  ({e.detail})" if e.detail else ""))
+
+
+@jobs.command()
+@click.argument("job")
+@click.argument("cron", required=False)
+@click.option("--policy", default="skip", show_default=True,
+              help="While a run is live at a due time: skip it, replace the run (cancel it "
+                   "and start anew), or queue one run for when it ends.")
+@click.option("--missed", default="once", show_default=True,
+              help="Due times missed while no beat ran: run once, or skip them.")
+@click.option("--clear", is_flag=True, help="No more scheduled runs of JOB (until set again).")
+@click.option("--json", "as_json", is_flag=True, help="The schedule as one JSON object.")
+def schedule(job: str, cron: str | None, policy: str, missed: str, clear: bool,
+             as_json: bool) -> None:
+    """Set, change (JOB CRON), clear (JOB --clear) or show (JOB) JOB's cron schedule (UTC;
+    six fields: seconds first). The leader beat starts its runs."""
+    from tasks.ranges.jobs import get_job, registered_jobs
+    from tasks.ranges.timetable import clear_schedule, set_schedule, views
+
+    if clear and cron is not None:
+        raise click.UsageError("give either CRON or --clear (not both)")
+    _load_jobs()
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        found = get_job(job)
+        if clear:
+            clear_schedule(res.sessions, found)
+        elif cron is not None:
+            set_schedule(res.sessions, found, cron, policy, missed)
+        shown = [v for v in views(res.sessions, registered_jobs()) if v["job"] == found.name]
+    view = shown[0] if shown else {"job": found.name, "cron": None}
+    if as_json:
+        click.echo(json.dumps(view))
+        return
+    click.echo(_schedule_line(view))
+
+
+@jobs.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON list.")
+def schedules(as_json: bool) -> None:
+    """Every range job's cron schedule: policies, next due time, last fire."""
+    from tasks.ranges.jobs import registered_jobs
+    from tasks.ranges.timetable import views
+
+    _load_jobs()
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        found = views(res.sessions, registered_jobs())
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    if not found:
+        click.echo("no schedules (set one: python -m tasks jobs schedule JOB \"0 2 * * *\")")
+    for view in found:
+        click.echo(_schedule_line(view))
+
+
+def _schedule_line(view: dict[str, Any]) -> str:
+    if view.get("cron") is None:
+        return f"{view['job']}: no schedule"
+    line = (f"{view['job']}: \"{view['cron']}\" UTC  policy {view['policy']}  missed "
+            f"{view['missed']}  next {view['next_due'] or '-'}  ({view['source']})")
+    if view.get("queued"):
+        line += f"  queued {view['queued']}"
+    if view.get("last_outcome"):
+        line += (f"  last {view['last_due']}: {view['last_outcome']}  fired {view['fired']}"
+                 f"  skipped {view['skipped']}")
+    return line

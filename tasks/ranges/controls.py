@@ -48,7 +48,8 @@ from tasks.ranges.workrow import partitions_of
 from tasks.store.db import affected, utcnow
 from tasks.store.validate import InvalidArguments, quote
 
-__all__ = ["Controls", "ControlRefused", "VERBS", "MAX_RATE", "validate_rate"]
+__all__ = ["Controls", "ControlRefused", "Overtaken", "Then", "VERBS", "MAX_RATE",
+           "validate_rate"]
 
 VERBS = ("pause", "resume", "cancel", "retry-failed", "throttle")
 MAX_RATE = 1e9  # rows per second: anything above is a typo
@@ -60,6 +61,16 @@ Kick = Callable[[str], dict[str, Any]]
 
 class ControlRefused(InvalidArguments):
     """The run is in no state for this control (or changed under it); nothing was changed."""
+
+
+class Overtaken(ControlRefused):
+    """A start's `then` step refused (a schedule's due time fired by another beat first); the
+    start changed nothing."""
+
+
+# A start's last step, in its transaction, given the run's id: False rolls the start back
+# (tasks.ranges.timetable fires a due time with it, exactly once).
+Then = Callable[[Session, int], bool]
 
 
 class RunChanged(ControlRefused):
@@ -108,13 +119,15 @@ class Controls:
     client: Any
     kick: Kick
 
-    def start(self, job: str, actor: str, params: object = None) -> dict[str, Any]:
+    def start(self, job: str, actor: str, params: object = None,
+              then: Then | None = None) -> dict[str, Any]:
         """Open a run of `job` unless one is live (a paused run must be resumed or cancelled
         first); after a cancelled run the job's partitions are planned anew. `params` are the
         run's parameters (a mapping of names to text or JSON values, `tasks.ranges.params`),
         checked before anything is written. The run, the plan's reset and the job's schedule
         change in one transaction: a start that fails (the database away, a table it cannot
-        plan, parameters refused) changes nothing."""
+        plan, parameters refused) changes nothing; so does one whose `then` returns False
+        (`Overtaken`)."""
         found = get_job(job)
         name = found.name
         run = current_run(self.sessions, name)
@@ -126,6 +139,7 @@ class Controls:
         with writing(self.sessions) as session:
             if run is not None and run.state in RunState.LIVE:
                 record(session, run.id, name, "start", actor, f"already {run.state}")
+                _then(then, session, name, run.id)
                 return {"run": run.id, "replanned": 0,
                         "reset_failed": activate_in(session, name)}
             replanned = 0
@@ -133,6 +147,7 @@ class Controls:
                 replanned = self._replan(session, name)
             run_id = open_run(session, name, actor, found.rows_per_s, stored)
             reset = activate_in(session, name)
+            _then(then, session, name, run_id)
         report = {"run": run_id, "replanned": replanned, "reset_failed": reset}
         return self._copy_flags(name, report)
 
@@ -306,6 +321,12 @@ class Controls:
             return self.kick(job)
         except (RedisError, OSError, OperationalError) as exc:
             return {"deferred": _deferred("the reconcile round", exc)}
+
+
+def _then(then: Then | None, session: Session, job: str, run_id: int) -> None:
+    if then is not None and not then(session, run_id):
+        raise Overtaken(f"start {job}: overtaken (its due time was fired elsewhere); "
+                        "nothing was changed")
 
 
 def _deferred(what: str, exc: BaseException) -> str:

@@ -40,6 +40,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
+from tasks.ranges.cron import parse_cron, validate_missed, validate_policy
+from tasks.ranges.hooks import HOOKS, Hook, validate_hook
 from tasks.ranges.keys import range_lease_name
 from tasks.ranges.params import InvalidParams, build, decode, encode, fields_of
 from tasks.ranges.planning import Partition
@@ -146,9 +148,21 @@ class RangeJob:
     follow: bool = False
     # Run parameters (tasks.ranges.params): a dataclass class; None: the job takes none.
     params: type | None = None
+    # Hooks (tasks.ranges.hooks), run once per run end: a callable, called with the run's
+    # summary, or a Celery signature (a task name, or a signature's dict form) sent with it.
+    on_success: Hook | None = field(default=None, compare=False)
+    on_failure: Hook | None = field(default=None, compare=False)
+    on_cancel: Hook | None = field(default=None, compare=False)
+    # A cron schedule (tasks.ranges.cron, UTC; six fields: seconds first) with its
+    # concurrency policy (skip, replace, queue) and missed-run policy (once, skip); the
+    # leader beat starts its runs, and `jobs schedule` changes it at runtime.
+    schedule: str | None = None
+    schedule_policy: str = "skip"
+    schedule_missed: str = "once"
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
+        self._check_hooks_and_schedule()
         if self.where is None:
             raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
                              "is required; see tasks/ranges/jobs.py")
@@ -174,6 +188,22 @@ class RangeJob:
         if self.columns and self.id_column not in self.columns:
             raise ValueError(f"range job {self.name}: columns must include the id column "
                              f"{self.id_column!r} (the runner keeps its place by it)")
+
+    def _check_hooks_and_schedule(self) -> None:
+        for attr in HOOKS.values():
+            object.__setattr__(self, attr, validate_hook(self.name, attr, getattr(self, attr)))
+        try:
+            if self.schedule is not None:
+                object.__setattr__(self, "schedule", parse_cron(self.schedule).expr)
+            validate_policy(self.schedule_policy)
+            validate_missed(self.schedule_missed)
+        except InvalidArguments as exc:
+            raise ValueError(f"range job {self.name}: {exc}") from None
+
+    def hook_for(self, state: str) -> Any:
+        """The hook of a run that ended in `state` (a callable or a Signature), or None."""
+        attr = HOOKS.get(state)
+        return getattr(self, attr) if attr is not None else None
 
     def _check_params(self) -> None:
         if self.params is not None:

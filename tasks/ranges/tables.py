@@ -2,8 +2,9 @@
 
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
+    range_job_schedules             range jobs' cron schedules (tasks.ranges.timetable)
 
-Migrations 0001, 0005, 0011, 0012 and 0013 create them, never `create_all`.
+Migrations 0001, 0005, 0011, 0012, 0013 and 0016 create them, never `create_all`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tasks.store.db import utcnow
 from tasks.store.models import Base
 
 __all__ = ["PartitionStatus", "WorkItem", "Schedule", "RunState", "RangeRun", "RangeRunEvent",
-           "WORK", "SCHEDULES", "RANGE_RUNS", "RANGE_RUN_EVENTS"]
+           "JobSchedule", "WORK", "SCHEDULES", "RANGE_RUNS", "RANGE_RUN_EVENTS",
+           "JOB_SCHEDULES"]
 
 
 class PartitionStatus:
@@ -144,6 +146,13 @@ class RangeRun(Base):
     # The run's parameters as JSON text (tasks.ranges.params; None: the job takes none;
     # migration 0013).
     params: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The hooks' outbox (tasks.ranges.hooks; migration 0016): the end state whose hook is
+    # owed, set in the transaction that ends the run and cleared when the hook ran (or
+    # failed for good); the task id of the hook message that owns it, and when it was sent
+    # or last tried (a message lost for RANGE_HOOK_RESEND seconds is sent again).
+    hook: Mapped[str | None] = mapped_column(String(16), nullable=True, index=True)
+    hook_task: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    hook_sent_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class RangeRunEvent(Base):
@@ -162,8 +171,37 @@ class RangeRunEvent(Base):
     at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class JobSchedule(Base):
+    """A range job's cron schedule (tasks.ranges.timetable; migration 0016).
+
+    `cron` None: cleared at runtime (a schedule declared in code stays off until set again).
+    `source`: "code" (seeded from `RangeJob.schedule`, follows the code when it changes) or
+    "runtime" (set with `jobs schedule`, kept across deploys). Each fire is a compare-and-set
+    on `term`, in the transaction that opens the run it starts, so two beats (or two ticks)
+    fire one due time once. `queued_due_at`: the due time of the one run the `queue` policy
+    holds until the live run ends.
+    """
+
+    __tablename__ = "range_job_schedules"
+
+    job: Mapped[str] = mapped_column(String(128), primary_key=True)
+    cron: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    policy: Mapped[str] = mapped_column(String(16), default="skip")
+    missed: Mapped[str] = mapped_column(String(16), default="once")
+    source: Mapped[str] = mapped_column(String(16), default="runtime")
+    term: Mapped[int] = mapped_column(BigInteger, default=0)
+    next_due_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    queued_due_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    last_due_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    last_outcome: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    fired: Mapped[int] = mapped_column(BigInteger, default=0)
+    skipped: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
 # The tables, for compare-and-set UPDATEs and bulk reads.
 WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
 RANGE_RUNS = cast(Table, RangeRun.__table__)
 RANGE_RUN_EVENTS = cast(Table, RangeRunEvent.__table__)
+JOB_SCHEDULES = cast(Table, JobSchedule.__table__)

@@ -1,5 +1,7 @@
-"""Celery tasks of range jobs: `start`, `reconcile` (beat), `run_partition`, and the controls
-`pause`, `resume`, `cancel`, `retry_failed`, `throttle` (`tasks.ranges.controls`).
+"""Celery tasks of range jobs: `start`, `reconcile` (beat), `run_partition`, the controls
+`pause`, `resume`, `cancel`, `retry_failed`, `throttle` (`tasks.ranges.controls`), `schedules`
+(beat: the jobs' cron schedules, `tasks.ranges.timetable`) and `hook` (a run end's hook,
+`tasks.ranges.outbox`).
 
     celery -A tasks call tasks.ranges.start --args '["cm_data"]'
     celery -A tasks call tasks.ranges.start --kwargs '{"job": "backfill", "params": {"tenant": 42}}'
@@ -25,9 +27,10 @@ from sqlalchemy.exc import OperationalError
 
 from tasks.celery import app, settings
 from tasks.ranges.closing import nothing_open
-from tasks.ranges.controls import Controls
+from tasks.ranges.controls import Controls, Then
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
 from tasks.ranges.keeper import RunnerKeeper
+from tasks.ranges.outbox import Again, deliver, run_hook
 from tasks.ranges.poolexit import PartitionRequest, PoolWatch, holder_name
 from tasks.ranges.pull import Pull, Pulled
 from tasks.ranges.reconciler import (
@@ -41,12 +44,13 @@ from tasks.ranges.reconciler import (
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.ranges.runners import RunnerSlots, new_token, validate_token
 from tasks.ranges.settings import range_settings
+from tasks.ranges.timetable import tick
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments
 from tasks.worker.lifecycle import shutdown_requested
 
 __all__ = ["start", "reconcile", "run_partition", "PROGRESS", "pause", "resume", "cancel",
-           "retry_failed", "throttle", "controls", "start_job"]
+           "retry_failed", "throttle", "controls", "start_job", "hook", "schedules"]
 
 # Custom task state shown by Flower while a partition runs.
 PROGRESS = "PROGRESS"
@@ -106,14 +110,16 @@ def _actor(task: Task) -> str:
     return f"task:{task.request.id}" if task.request.id else "task:eager"
 
 
-def start_job(job: str, actor: str, params: object = None) -> dict[str, Any]:
+def start_job(job: str, actor: str, params: object = None,
+              then: Then | None = None) -> dict[str, Any]:
     """Start range job `job` with run parameters `params` (a mapping of names to values, or
     None; a new run unless one is live; a paused run is refused): check the parameters, open
     the run, activate the job and reset its failed partitions in one transaction, then
-    reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too."""
+    reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too,
+    and a schedule's fire, whose `then` commits with the run (`Controls.start`)."""
     found = get_job(job)
     control = controls()
-    opened = control.start(found.name, actor, params)
+    opened = control.start(found.name, actor, params, then)
     report = {"job": found.name, **control.kick_quietly(found.name)}
     deferred = [r["deferred"] for r in (opened, report) if "deferred" in r]
     report.update(**opened)
@@ -166,13 +172,53 @@ def throttle(self: Task, job: str, rows_per_s: float) -> dict[str, Any]:
 
 @app.task(name="tasks.ranges.reconcile", control_plane=True)
 def reconcile() -> list[dict[str, Any]]:
-    """One reconcile round for every active job (beat emits this every few seconds)."""
+    """One reconcile round for every active job (beat emits this every few seconds), then
+    the hooks of runs that ended are sent (`tasks.ranges.outbox`)."""
     jobs = registered_jobs()
     known = {job.name for job in jobs}
     sessions = resources_for(settings).sessions
     repair_inactive(sessions, jobs)
     names = [name for name in active_jobs(sessions) if name in known]
-    return [_report(_round(name)) for name in names]
+    rounds = [_report(_round(name)) for name in names]
+    deliver(sessions, _send_hook, range_settings(settings).hook_resend, _declared)
+    return rounds
+
+
+def _declared(job: str, state: str) -> bool:
+    """Whether `job` (registered here) declares a hook for a run that ended in `state`."""
+    return job in {j.name for j in registered_jobs()} and get_job(job).hook_for(state) is not None
+
+
+def _send_hook(run_id: int, state: str, task_id: str) -> None:
+    hook.apply_async((run_id, state), task_id=task_id)
+
+
+@app.task(name="tasks.ranges.hook", bind=True, acks_late=True, max_retries=None)
+def hook(self: Task, run_id: int, state: str) -> dict[str, Any]:
+    """Run the hook of run `run_id`, which ended in `state`, if this message owns it (a
+    duplicate, or one sent again, does nothing); retried with HOOK_RETRY when it raises
+    (`tasks.ranges.outbox.run_hook`)."""
+    try:
+        return run_hook(resources_for(settings).sessions, app, _hook_of, int(run_id),
+                        str(state), self.request.id or "", self.request.retries)
+    except Again as again:
+        raise self.retry(exc=again.__cause__, countdown=again.countdown) from again.__cause__
+
+
+def _hook_of(job: str, state: str) -> Any:
+    return get_job(job).hook_for(state)
+
+
+@app.task(name="tasks.ranges.schedules")
+def schedules() -> list[dict[str, Any]]:
+    """Fire the jobs' due cron schedules (the leader beat emits this every
+    RANGE_SCHEDULE_TICK seconds; `tasks.ranges.timetable`)."""
+    res = resources_for(settings)
+    fires = tick(res.sessions, registered_jobs(),
+                 start=lambda job, actor, then: start_job(job, actor, None, then),
+                 cancel=lambda job, actor: controls().cancel(job, actor),
+                 grace=range_settings(settings).schedule_grace)
+    return [fire.as_dict() for fire in fires]
 
 
 def _close_if_last(job: str) -> None:
