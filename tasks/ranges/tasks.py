@@ -209,7 +209,7 @@ def _hook_of(job: str, state: str) -> Any:
     return get_job(job).hook_for(state)
 
 
-@app.task(name="tasks.ranges.schedules")
+@app.task(name="tasks.ranges.schedules", control_plane=True)
 def schedules() -> list[dict[str, Any]]:
     """Fire the jobs' due cron schedules (the leader beat emits this every
     RANGE_SCHEDULE_TICK seconds; `tasks.ranges.timetable`)."""
