@@ -1,7 +1,8 @@
 """The controls of a range job's run, one function per verb, shared by the Celery tasks
 (`tasks.ranges.pause` ...) and the operator CLI (`python -m tasks jobs pause JOB` ...):
 
-    start         open a run (a cancelled run's partitions are planned anew)
+    start         open a run (a cancelled run's partitions are planned anew, and a visit-once
+                  job's after any run)
     pause         every running partition commits its batch, releases its lease, is `paused`
     resume        paused partitions -> pending, dispatched at once
     cancel        like pause, and the run ends; `start` begins a new one from the job's filter
@@ -129,7 +130,9 @@ class Controls:
                 return {"run": run.id, "replanned": 0,
                         "reset_failed": activate_in(session, name)}
             replanned = 0
-            if run is not None and run.state == RunState.CANCELLED:
+            # A cancelled run's plan is made anew; a visit-once job's after every run (its
+            # next run visits every row again, from a new plan: tasks.ranges.visits).
+            if run is not None and (run.state == RunState.CANCELLED or found.visits_once):
                 replanned = self._replan(session, name)
             run_id = open_run(session, name, actor, found.rows_per_s, stored)
             reset = activate_in(session, name)

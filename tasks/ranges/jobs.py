@@ -11,15 +11,26 @@
     )
     register(orders)
 
+    register(RangeJob(name="export_orders", table=ORDERS, visits="once", process=send_rows))
+
 The process function runs inside the batch's transaction: its writes commit together with the
 partition's checkpoint, guarded by the lease's fence, or not at all. With `fetch_size` it is
 called once per read of that many rows, several times in one batch's transaction.
 
-`where` is required and is the filter of rows *still to do*: processing a row must make it stop
-matching (cm_data sets `status = 1`). A partition is done only when a closing read of its whole
-id range with this filter finds nothing, which is how rows committed out of id order are found
-(README, "Which rows a run processes"). The runner checks the contract on the first batch of
-every run: a process function that leaves a row matching fails its partition, writing nothing.
+Two kinds of job, by what they promise (README, "Which rows a run processes"):
+
+- A filter job (the default, `visits="filter"`): `where` is required and is the filter of rows
+  *still to do*: processing a row must make it stop matching (cm_data sets `status = 1`). A
+  partition is done only when a closing read of its whole id range with this filter finds
+  nothing, which is how rows committed out of id order are found. The runner checks the
+  contract on the first batch of every run: a process function that leaves a row matching
+  fails its partition, writing nothing.
+- A visit-once job (`visits="once"`: an export, a reindex, a notification, a cache warm-up)
+  changes nothing that a filter could see. `where` is optional and only selects rows; the
+  run's plan is made once, and every row present then is visited exactly once by a committed
+  batch; a partition is done when its cursor reached its upper bound (`tasks.ranges.visits`).
+  Effects outside the database carry `ctx.idempotency_key(row)`: (job, run, row key), the
+  same when a batch is retried, new in the next run.
 
 Run parameters (`tasks.ranges.params`): `params` is a dataclass class whose instance, built
 from the values given at start and stored on the run, reaches `process` as `ctx.params`.
@@ -35,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Integer, Row, Table, any_, bindparam
+from sqlalchemy import ColumnElement, Integer, Row, Table, any_, bindparam, true
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
@@ -47,7 +58,7 @@ from tasks.ranges.sizing import validate_sizing
 from tasks.ranges.skips import validate_skips
 from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
 
-__all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
+__all__ = ["RangeJob", "Context", "Visits", "UnknownJob", "InvalidArguments", "register", "get_job",
            "registered_jobs", "validate_job_name", "validate_part"]
 
 T = TypeVar("T")
@@ -58,6 +69,15 @@ ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
 Where = ColumnElement[bool] | Callable[[Any], ColumnElement[bool]]
 
 JOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+class Visits:
+    """What a job promises about the rows it visits (`RangeJob.visits`)."""
+
+    FILTER = "filter"  # rows matching `where` until they stop matching; the closing round
+    ONCE = "once"  # every row present when the run's plan was made, once; no closing read
+
+    ALL = (FILTER, ONCE)
 
 
 class UnknownJob(InvalidArguments):
@@ -83,6 +103,9 @@ class Context:
 
     `params` is the run's parameters, an instance of the job's `params` dataclass (None if the
     job declares none).
+
+    `run` is the id of the run the partition belongs to; `idempotency_key(row)` is the key an
+    effect outside the database carries so its receiver can drop a retried batch's repeats.
     """
 
     session: Session
@@ -92,6 +115,18 @@ class Context:
     pool: ThreadPoolExecutor | None = None
     span: tuple[int, int] | None = None
     params: Any = None
+    run: int | None = None
+
+    def idempotency_key(self, row: Any) -> str:
+        """`JOB:RUN:KEY` for `row` (a row of the job's table, or its key itself): the same
+        for every retry of the batch within this run (a holder that died, a takeover), a
+        new one in the next run. A receiver that accepts each key once (`SET key NX`, a
+        unique column) applies each row's effect once per run."""
+        if self.run is None:
+            raise RuntimeError(f"range job {self.job.name}: no run, so no idempotency key "
+                               "(start the job: python -m tasks jobs start)")
+        key = getattr(row, self.job.id_column, row)
+        return f"{self.job.name}:{self.run}:{key}"
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         if self.pool is None:
@@ -115,7 +150,9 @@ class RangeJob:
     name: str
     table: Table
     process: ProcessFn
-    where: Where
+    # The filter of rows still to do (a filter job); for a visit-once job, an optional
+    # selection of the rows to visit.
+    where: Where | None = None
     id_column: str = "id"
     partition_size: int = 2_000_000
     batch_size: int = 1000
@@ -146,12 +183,13 @@ class RangeJob:
     follow: bool = False
     # Run parameters (tasks.ranges.params): a dataclass class; None: the job takes none.
     params: type | None = None
+    # What the job promises (`Visits`): "filter" (rows matching `where` until processing
+    # makes them stop) or "once" (every row present when the run's plan was made, once).
+    visits: str = Visits.FILTER
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
-        if self.where is None:
-            raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
-                             "is required; see tasks/ranges/jobs.py")
+        self._check_visits()
         self._check_params()
         for attr in ("partition_size", "batch_size", "parallelism"):
             if getattr(self, attr) <= 0:
@@ -175,13 +213,31 @@ class RangeJob:
             raise ValueError(f"range job {self.name}: columns must include the id column "
                              f"{self.id_column!r} (the runner keeps its place by it)")
 
+    def _check_visits(self) -> None:
+        if self.visits not in Visits.ALL:
+            raise ValueError(f"range job {self.name}: visits must be one of "
+                             f"{', '.join(Visits.ALL)}, not {self.visits!r}")
+        if self.where is None and self.visits == Visits.FILTER:
+            raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
+                             "is required, or declare visits=\"once\" for a job that only "
+                             "reads (an export, external effects); see tasks/ranges/jobs.py")
+        if self.follow and self.visits == Visits.ONCE:
+            raise ValueError(f"range job {self.name}: follow=True needs a filter of rows "
+                             "still to do; a visits=\"once\" job visits its plan and ends")
+
+    @property
+    def visits_once(self) -> bool:
+        """The job visits each row of its run's plan once (no filter contract, no closing
+        read)."""
+        return self.visits == Visits.ONCE
+
     def _check_params(self) -> None:
         if self.params is not None:
             try:
                 fields_of(self.params)
             except ValueError as exc:
                 raise ValueError(f"range job {self.name}: {exc}") from None
-        if not isinstance(self.where, ClauseElement):
+        if self.where is not None and not isinstance(self.where, ClauseElement):
             if not callable(self.where):
                 raise ValueError(f"range job {self.name}: `where` must be a SQLAlchemy clause "
                                  "or a function of the run's parameters")
@@ -190,7 +246,10 @@ class RangeJob:
                                  "(the dataclass of the run parameters it is called with)")
 
     def filter(self, params: Any = None) -> ColumnElement[bool]:
-        """The filter of rows still to do for a run with parameters `params`."""
+        """The filter of rows still to do for a run with parameters `params` (a visit-once
+        job: its selection, every row without one)."""
+        if self.where is None:
+            return true()
         if isinstance(self.where, ClauseElement):
             return self.where
         found = self.where(params)

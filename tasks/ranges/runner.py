@@ -172,7 +172,7 @@ class PartitionRunner:
                 params = self.job.params_of(stored_params(session, self.job.name))
         return Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
                        next_id=claimed.next_id, clock=self.clock, lease_ttl=self.lease_ttl,
-                       params=params)
+                       params=params, run=claimed.run)
 
     def _loop(self, lease: Lease, batches: Batches, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""

@@ -3,7 +3,7 @@
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
 
-Migrations 0001, 0005, 0011, 0012 and 0013 create them, never `create_all`.
+Migrations 0001, 0005, 0011, 0012, 0013 and 0018 create them, never `create_all`.
 """
 
 from __future__ import annotations
@@ -144,6 +144,9 @@ class RangeRun(Base):
     # The run's parameters as JSON text (tasks.ranges.params; None: the job takes none;
     # migration 0013).
     params: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # When the plan of a visit-once job's run was made (its bounds read), once per run; None
+    # until then, and for filter jobs (tasks.ranges.visits; migration 0018).
+    planned_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class RangeRunEvent(Base):

@@ -23,14 +23,24 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Update, and_, bindparam, case, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Update,
+    and_,
+    bindparam,
+    case,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.deadletters.store import DeadLetters
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.outcomes import FencedOut, UnknownPartition
-from tasks.ranges.tables import WORK
+from tasks.ranges.tables import RANGE_RUNS, WORK
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
 
@@ -83,10 +93,11 @@ class WorkRow:
         return row
 
     def claim(self, fence: int, *, outage_fence: int | None = None) -> Any:
-        """Take the open row for the holder of `fence`: its bounds, checkpoint and counts, or
-        None if a holder with a newer fence claimed it first or it is finished. A row still
-        `running` counts a crash of its holder, unless that holder's fence is `outage_fence`
-        (it stopped for a database outage and could not say so in the row)."""
+        """Take the open row for the holder of `fence`: its bounds, checkpoint, counts and
+        `run` (the id of the job's latest run; None: none), or None if a holder with a newer
+        fence claimed it first or it is finished. A row still `running` counts a crash of
+        its holder, unless that holder's fence is `outage_fence` (it stopped for a database
+        outage and could not say so in the row)."""
         now = utcnow()
         crashed = WORK.c.status == S.RUNNING
         if outage_fence is not None:
@@ -109,9 +120,13 @@ class WorkRow:
             ))
             if claimed != 1:
                 return None
+            # The run the partition belongs to, read under the claim's row lock: a new run
+            # that re-plans the job deletes this row, so it cannot commit in between.
+            run = (select(func.max(RANGE_RUNS.c.id)).where(RANGE_RUNS.c.job == self.job.name)
+                   .scalar_subquery())
             return session.execute(
                 select(WORK.c.id, WORK.c.lo, WORK.c.hi, WORK.c.next_id, WORK.c.crashes,
-                       WORK.c.claims).where(*self._where)
+                       WORK.c.claims, run.label("run")).where(*self._where)
             ).one()
 
     def guard(self, fence: int) -> Update:
