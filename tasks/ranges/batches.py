@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, select
+from sqlalchemy import Connection, Row, and_, bindparam, select
 from sqlalchemy.orm import Session
 
 from tasks.observe.metrics import record
@@ -84,6 +84,9 @@ class Batches:
                 self.skips = Skips(job, partition.part,
                                    quarantined_ids(session, job.name, partition.part))
         where = job.filter(params)
+        scope = job.run_scope(run)  # a CSV job reads its own run's input
+        if scope is not None:
+            where = and_(where, scope)
         self.reads = Reads(job, partition.hi, where)
         self._pending_skips: frozenset[int] = frozenset()  # quarantined by the open batch
         self._leave_out()

@@ -58,17 +58,21 @@ from tasks.ranges.sizing import validate_sizing
 from tasks.ranges.skips import validate_skips
 from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
 
-__all__ = ["RangeJob", "Context", "Visits", "UnknownJob", "InvalidArguments", "register", "get_job",
-           "registered_jobs", "validate_job_name", "validate_part"]
+__all__ = ["RangeJob", "Context", "Visits", "CSV_INPUT", "UnknownJob", "InvalidArguments",
+           "register", "get_job", "registered_jobs", "validate_job_name", "validate_part"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
+# A custom collection's source (tasks.ranges.collections): (cursor, size) -> (items, cursor
+# after them); the first call gets None, the last returns None as its cursor.
+PagesFn = Callable[[Any, int], tuple[Sequence[Any], Any]]
 # The filter of rows still to do: a clause, or a function of the run's parameters.
 Where = ColumnElement[bool] | Callable[[Any], ColumnElement[bool]]
 
 JOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+CSV_INPUT = "csv"  # RangeJob.input of a CSV job
 
 
 class Visits:
@@ -186,6 +190,12 @@ class RangeJob:
     # What the job promises (`Visits`): "filter" (rows matching `where` until processing
     # makes them stop) or "once" (every row present when the run's plan was made, once).
     visits: str = Visits.FILTER
+    # Collections (tasks.ranges.collections; made by `csv_job` and `collection_job`, not by
+    # hand): `input="csv"` walks the run's input (the lines of a CSV given at start, stored
+    # in `range_run_input`); `pages` reads a resumable source a page at a time, as one
+    # partition whose checkpoint is the page's cursor.
+    input: str | None = None
+    pages: PagesFn | None = None
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
@@ -221,9 +231,22 @@ class RangeJob:
             raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
                              "is required, or declare visits=\"once\" for a job that only "
                              "reads (an export, external effects); see tasks/ranges/jobs.py")
+        if (self.input is not None or self.pages is not None) and self.visits != Visits.ONCE:
+            raise ValueError(f"range job {self.name}: a collection is visited once: make it "
+                             "with tasks.ranges.collections (csv_job, collection_job)")
+        if self.input is not None and (self.input != CSV_INPUT or "run" not in self.table.c):
+            raise ValueError(f"range job {self.name}: input must be {CSV_INPUT!r} over the "
+                             "run-input table (tasks.ranges.collections.csv_job)")
         if self.follow and self.visits == Visits.ONCE:
             raise ValueError(f"range job {self.name}: follow=True needs a filter of rows "
                              "still to do; a visits=\"once\" job visits its plan and ends")
+
+    def run_scope(self, run: int | None) -> ColumnElement[bool] | None:
+        """The rows of run `run` in the job's table: a CSV job's run input (None: the job
+        walks its whole table)."""
+        if self.input != CSV_INPUT:
+            return None
+        return self.table.c.run == (run if run is not None else -1)
 
     @property
     def visits_once(self) -> bool:

@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.ranges.closing import close_run
+from tasks.ranges.collections import COLLECTION_PARTITION
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.ranges.keys import range_schedule_name as schedule_name
@@ -263,13 +264,16 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
     return True
 
 
-def _bounds(session: Session, job: RangeJob) -> tuple[Any, Any]:
-    """The lowest and highest id of the job's table."""
+def _bounds(session: Session, job: RangeJob, run: int | None = None) -> tuple[Any, Any]:
+    """The lowest and highest id of the job's table (of run `run`'s input, for a CSV job)."""
     # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
     # min() or max() from the index but scans the table for both together (60 ms at
     # 1,000,000 rows). Still one statement, so one snapshot.
-    lo, hi = session.execute(select(select(func.min(job.id_col)).scalar_subquery(),
-                                    select(func.max(job.id_col)).scalar_subquery())).one()
+    low, high = select(func.min(job.id_col)), select(func.max(job.id_col))
+    scope = job.run_scope(run)
+    if scope is not None:
+        low, high = low.where(scope), high.where(scope)
+    lo, hi = session.execute(select(low.scalar_subquery(), high.scalar_subquery())).one()
     return lo, hi
 
 
@@ -296,9 +300,11 @@ def _plan_once(sessions: sessionmaker[Session], job: RangeJob, term: int, result
         run = unplanned_run(session, job.name)
         if run is None:
             return True
-        lo, hi = _bounds(session, job)
+        lo, hi = _bounds(session, job, run) if job.pages is None else (None, None)
     step("read")
-    parts = plan_once(lo, hi, job.partition_size)
+    # A custom collection is one partition, whose place is its cursor.
+    parts = [COLLECTION_PARTITION] if job.pages is not None else plan_once(
+        lo, hi, job.partition_size)
     with sessions.begin() as session:
         if not _hold(session, schedule_name(job.name), term):
             return False

@@ -2,6 +2,7 @@
 
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
+    range_run_input                 a collection job's run input (the lines of its CSV)
 
 Migrations 0001, 0005, 0011, 0012, 0013 and 0018 create them, never `create_all`.
 """
@@ -18,7 +19,7 @@ from tasks.store.db import utcnow
 from tasks.store.models import Base
 
 __all__ = ["PartitionStatus", "WorkItem", "Schedule", "RunState", "RangeRun", "RangeRunEvent",
-           "WORK", "SCHEDULES", "RANGE_RUNS", "RANGE_RUN_EVENTS"]
+           "RangeRunInput", "WORK", "SCHEDULES", "RANGE_RUNS", "RANGE_RUN_EVENTS", "RUN_INPUT"]
 
 
 class PartitionStatus:
@@ -81,6 +82,9 @@ class WorkItem(Base):
     # Set while the holder waits for the job's throttle (rows/s cap or `throttle_on`) before
     # its next batch; cleared by the next checkpoint (migration 0011).
     throttled_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # A custom collection's place (tasks.ranges.collections): the cursor after the last page
+    # committed, JSON text; None: from the start (migration 0018).
+    collection_cursor: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Schedule(Base):
@@ -165,8 +169,22 @@ class RangeRunEvent(Base):
     at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class RangeRunInput(Base):
+    """The input of a CSV job's run (tasks.ranges.collections): one row per CSV record, its
+    `line` the record's number (1: the first after the header) and `payload` its fields as a
+    JSON object keyed by the header. Written in the start's transaction, read by every
+    worker; a run's input is deleted by the job's next start (migration 0018)."""
+
+    __tablename__ = "range_run_input"
+
+    run: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    payload: Mapped[str] = mapped_column(Text)
+
+
 # The tables, for compare-and-set UPDATEs and bulk reads.
 WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
 RANGE_RUNS = cast(Table, RangeRun.__table__)
 RANGE_RUN_EVENTS = cast(Table, RangeRunEvent.__table__)
+RUN_INPUT = cast(Table, RangeRunInput.__table__)

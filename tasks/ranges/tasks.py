@@ -106,14 +106,16 @@ def _actor(task: Task) -> str:
     return f"task:{task.request.id}" if task.request.id else "task:eager"
 
 
-def start_job(job: str, actor: str, params: object = None) -> dict[str, Any]:
+def start_job(job: str, actor: str, params: object = None,
+              records: list[str] | None = None) -> dict[str, Any]:
     """Start range job `job` with run parameters `params` (a mapping of names to values, or
-    None; a new run unless one is live; a paused run is refused): check the parameters, open
-    the run, activate the job and reset its failed partitions in one transaction, then
+    None; a new run unless one is live; a paused run is refused) and, for a CSV job, its
+    input `records` (`tasks.ranges.collections.read_csv`): check them, open the run (its
+    input stored), activate the job and reset its failed partitions in one transaction, then
     reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too."""
     found = get_job(job)
     control = controls()
-    opened = control.start(found.name, actor, params)
+    opened = control.start(found.name, actor, params, records)
     report = {"job": found.name, **control.kick_quietly(found.name)}
     deferred = [r["deferred"] for r in (opened, report) if "deferred" in r]
     report.update(**opened)

@@ -7,9 +7,10 @@ one overtook writes nothing (`FencedOut`).
 
 A batch's own writes are here too, in the batch's transaction: `checkpoint` (its first write,
 the guard: it moves the checkpoint and the counts), `move_on` (the checkpoint past the rest of
-a batch read `fetch_size` rows at a time), `uncount` (rows a skip policy quarantined), and
-`park_idle` parks a partition nobody holds, fenced by the fence it was seen with, and
-`hand_back_dead` hands back the partitions of a pool process that died (`tasks.ranges.poolexit`).
+a batch read `fetch_size` rows at a time), `move_cursor` (a custom collection's guard),
+`uncount` (rows a skip policy quarantined), and `park_idle` parks a partition nobody holds,
+fenced by the fence it was seen with, and `hand_back_dead` hands back the partitions of a
+pool process that died (`tasks.ranges.poolexit`).
 
 Poison partitions: a claim that finds the row still `running` takes over from a holder that
 never released it (its process died, or it lost the lease or the database). `crashes` counts
@@ -126,7 +127,8 @@ class WorkRow:
                    .scalar_subquery())
             return session.execute(
                 select(WORK.c.id, WORK.c.lo, WORK.c.hi, WORK.c.next_id, WORK.c.crashes,
-                       WORK.c.claims, run.label("run")).where(*self._where)
+                       WORK.c.claims, WORK.c.collection_cursor, run.label("run"))
+                .where(*self._where)
             ).one()
 
     def guard(self, fence: int) -> Update:
@@ -150,6 +152,17 @@ class WorkRow:
         batch (its later `fetch_size` reads). `FencedOut` if a newer holder owns the row."""
         moved = affected(conn.execute(self.guard(fence).values(
             next_id=checkpoint, rows_done=WORK.c.rows_done + rows)))
+        if moved != 1:
+            raise FencedOut()
+
+    def move_cursor(self, conn: Connection, fence: int, cursor: str | None, rows: int,
+                    rows_per_s: float) -> None:
+        """A custom collection's guard (`tasks.ranges.collections`): its cursor moves to
+        `cursor` (JSON text) past `rows` more items, in the page's transaction on `conn`.
+        `FencedOut` if the holder of `fence` no longer owns the row."""
+        moved = affected(conn.execute(self.guard(fence).values(
+            collection_cursor=cursor, rows_done=WORK.c.rows_done + rows, heartbeat_at=utcnow(),
+            rate=rows_per_s, crashes=0, throttled_until=None)))
         if moved != 1:
             raise FencedOut()
 
