@@ -90,7 +90,14 @@ def csv_job(name: str, process: CsvProcess, **options: Any) -> RangeJob:
 def collection_job(name: str, pages: PagesFn, process: Callable[[Sequence[Any], Context], None],
                    **options: Any) -> RangeJob:
     """A visit-once job over the items `pages` returns, one page per batch (`batch_size` is
-    the size asked for), as one partition whose checkpoint is the page's cursor."""
+    the size asked for), as one partition whose checkpoint is the page's cursor. Options
+    that read a table in batches of their own (adaptive batches, `fetch_size`, a skip
+    policy, `where`, `columns`) are refused."""
+    table_only = sorted({"target_batch_s", "fetch_size", "skip_on", "where", "columns",
+                         "id_column", "table"} & set(options))
+    if table_only:
+        raise ValueError(f"range job {name}: {table_only[0]} applies to a table's rows, not "
+                         "to a collection's pages")
     return RangeJob(name=name, table=RUN_INPUT, id_column="line", process=process,
                     visits=Visits.ONCE, pages=pages, **options)
 

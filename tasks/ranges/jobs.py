@@ -130,6 +130,11 @@ class Context:
             raise RuntimeError(f"range job {self.job.name}: no run, so no idempotency key "
                                "(start the job: python -m tasks jobs start)")
         key = getattr(row, self.job.id_column, row)
+        if isinstance(key, dict | list | set):
+            raise TypeError(f"range job {self.job.name}: idempotency_key takes a row of the "
+                            "job's table or a key (a collection's item: pass its key, "
+                            "ctx.idempotency_key(item['id'])), not a "
+                            f"{type(key).__name__}")
         return f"{self.job.name}:{self.run}:{key}"
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:

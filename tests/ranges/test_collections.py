@@ -70,6 +70,23 @@ def test_a_missing_file_is_refused(tmp_path: Path) -> None:
         read_csv(str(tmp_path / "nope.csv"))
 
 
+def test_a_collection_refuses_what_applies_to_tables_and_dict_keys() -> None:
+    from tasks.ranges.collections import COLLECTION_PARTITION, collection_job
+    from tasks.ranges.jobs import Context
+
+    def pages(cursor: object, size: int) -> tuple[list[dict[str, int]], None]:
+        return [], None
+
+    with pytest.raises(ValueError, match="skip_on applies to a table's rows"):
+        collection_job("bad_pages", pages, lambda items, ctx: None, skip_on=(KeyError,),
+                       skip_limit=1)
+    job = collection_job("some_pages", pages, lambda items, ctx: None)
+    ctx = Context(None, 3, job, COLLECTION_PARTITION, run=7)  # type: ignore[arg-type]
+    assert ctx.idempotency_key(42) == "some_pages:7:42"
+    with pytest.raises(TypeError, match=re.escape("pass its key, ctx.idempotency_key(item")):
+        ctx.idempotency_key({"id": 42})
+
+
 def _snapshot(engine: Engine, client: redis.Redis) -> tuple[dict[str, int], set[bytes]]:
     with engine.connect() as conn:
         counts = {name: int(conn.execute(select(func.count()).select_from(table(name)))
