@@ -128,7 +128,8 @@ class Controls:
                                  "(tasks.ranges.resume) or cancel it first")
         stored = self._params_for(found, run, params)
         self._check_input(found, run, records)
-        self._check_plannable(found)
+        if found.input is None and found.pages is None:  # a collection's table is ours
+            self._check_plannable(found)
         with writing(self.sessions) as session:
             if run is not None and run.state in RunState.LIVE:
                 record(session, run.id, name, "start", actor, f"already {run.state}")
