@@ -16,13 +16,17 @@ from pathlib import Path
 import pytest
 import redis
 from sqlalchemy import Engine, func, inspect, select, table
+from sqlalchemy.orm import sessionmaker
 
 from tasks.ranges.collections import BadInput, read_csv
+from tasks.ranges.controls import ControlRefused, Controls
+from tasks.ranges.dryrun import dry_run
 from tasks.ranges.tables import RUN_INPUT, WORK, RunState
+from tasks.store.validate import InvalidArguments
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import jobs_cli, runs
 from tests.support.sink import fake_api
-from tests.support.visit_jobs import VISIT_EXPORT, recreate
+from tests.support.visit_jobs import VISIT_EXPORT, api_copy, csv_copy, recreate
 from tests.support.workers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -106,14 +110,21 @@ def test_a_refused_start_writes_nothing(engine: Engine, platform: Callable[..., 
     Path(good).write_text("id,name\n1,a\n")
     for args, said in (
             (["csv_copy", "--csv", bad], f"{bad}: line 501: 3 fields, but the header has 2"),
-            (["csv_copy"], "a CSV job's run needs its input"),
-            (["cm_export", "--csv", good], "the job takes no CSV"),
-            (["csv_copy", "--csv", good, "--dry-run"], "a CSV job's rows are its input")):
+            (["csv_copy"], "a CSV job's run needs its input")):
         out = jobs_cli(cluster, "start", *args)
         assert out.returncode == 1, (args, out.stdout, out.stderr)
         assert said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # The same refusals in-process, and the ones the CLI shares with the Celery task.
+    controls = Controls(sessionmaker(engine), client, lambda job: {"dispatched": []})
+    for job, records, said in (("cm_export", read_csv(good), "the job takes no CSV"),
+                               ("csv_copy", None, "needs its input")):
+        with pytest.raises(ControlRefused, match=said):
+            controls.start(job, "t", None, records)
+    for job in (csv_copy, api_copy):
+        with pytest.raises(InvalidArguments, match="a dry run reads a table"):
+            dry_run(sessionmaker(engine), job, None, None)
     assert _snapshot(engine, client) == before
-    assert runs(engine, "csv_copy") == []
+    assert runs(engine, "csv_copy") == [] and runs(engine, "cm_export") == []
     client.close()
 
 
@@ -176,6 +187,7 @@ def test_a_csv_of_10000_lines_is_visited_once_under_kill_9(
     assert stored == 10_000
     assert [(p.lo, p.hi) for p in parts] == [(1, 2500), (2501, 5000), (5001, 7500),
                                              (7501, 10_000)]
+    assert held == list(range(1001, 1501))
     assert max(p.claims for p in parts if p.lo <= held[0] <= p.hi) >= 2
 
 

@@ -114,7 +114,7 @@ cm_notify = register(RangeJob(
     name="cm_notify", table=CM_DATA, visits="once", process=_notify, columns=("id",),
     partition_size=1000, batch_size=100))
 
-csv_copy = register(csv_job(name="csv_copy", process=_copy_lines, batch_size=200,
+csv_copy = register(csv_job(name="csv_copy", process=_copy_lines, batch_size=500,
                             partition_size=2500))
 
 api_copy = register(collection_job(name="api_copy", pages=_api_pages, process=_copy_items,
