@@ -3,8 +3,9 @@
 `schedule JOB CRON [--policy] [--missed]`, `schedule JOB --clear` and `schedules` set, clear and
 list the jobs' cron schedules (`tasks.ranges.timetable`).
 
-`start` takes the run's parameters (`--param NAME=VALUE`, repeated) and `--dry-run`, which
-prints what the start would do and writes nothing (`tasks.ranges.dryrun`).
+`start` takes the run's parameters (`--param NAME=VALUE`, repeated), a CSV job's input
+(`--csv PATH`, `tasks.ranges.collections`) and `--dry-run`, which prints what the start would
+do and writes nothing (`tasks.ranges.dryrun`).
 
 The controls are `tasks.ranges.controls.Controls`, the same code the Celery tasks
 (`tasks.ranges.pause` ...) run; this module parses, prints, and turns a refusal (unknown job,
@@ -94,19 +95,30 @@ def _controls() -> Any:
                    "is written.")
 @click.option("--dry-run", is_flag=True,
               help="Print the plan, the first batch's SQL and rows and an ETA; write nothing.")
+@click.option("--csv", "csv_path", metavar="PATH",
+              help="A CSV job's input: a header line, then one record per item; read and "
+                   "checked whole before anything is written, stored with the run.")
 @click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
-def start(job: str, pairs: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+def start(job: str, pairs: tuple[str, ...], dry_run: bool, csv_path: str | None,
+          as_json: bool) -> None:
     """Start JOB: a new run unless one is running (what tasks.ranges.start does)."""
+    from tasks.ranges.collections import read_csv
+    from tasks.ranges.jobs import get_job
     from tasks.ranges.params import parse_pairs
     from tasks.ranges.tasks import start_job
 
     _load_jobs()
     with _refusals():
         given = parse_pairs(pairs) if pairs else None
+        get_job(job)
+        if dry_run and csv_path is not None:
+            fail("start --dry-run reads a table; a CSV job's rows are its input (check the "
+                 "file with a start)")
+        records = read_csv(csv_path) if csv_path is not None else None
     if dry_run:
         _dry_run(job, given, as_json)
         return
-    _control(lambda j, who: start_job(j, who, given), job, as_json=as_json)
+    _control(lambda j, who: start_job(j, who, given, records=records), job, as_json=as_json)
 
 
 def _dry_run(job: str, given: dict[str, str] | None, as_json: bool) -> None:

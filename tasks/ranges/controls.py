@@ -1,7 +1,8 @@
 """The controls of a range job's run, one function per verb, shared by the Celery tasks
 (`tasks.ranges.pause` ...) and the operator CLI (`python -m tasks jobs pause JOB` ...):
 
-    start         open a run (a cancelled run's partitions are planned anew)
+    start         open a run (a cancelled run's partitions are planned anew, and a visit-once
+                  job's after any run)
     pause         every running partition commits its batch, releases its lease, is `paused`
     resume        paused partitions -> pending, dispatched at once
     cancel        like pause, and the run ends; `start` begins a new one from the job's filter
@@ -28,7 +29,8 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.ranges.jobs import RangeJob, get_job
+from tasks.ranges.collections import store_input
+from tasks.ranges.jobs import CSV_INPUT, RangeJob, get_job
 from tasks.ranges.keys import range_schedule_name
 from tasks.ranges.params import as_text, values_of
 from tasks.ranges.reconciler import activate_in
@@ -120,13 +122,15 @@ class Controls:
     kick: Kick
 
     def start(self, job: str, actor: str, params: object = None,
-              then: Then | None = None) -> dict[str, Any]:
+              then: Then | None = None, records: list[str] | None = None) -> dict[str, Any]:
         """Open a run of `job` unless one is live (a paused run must be resumed or cancelled
         first); after a cancelled run the job's partitions are planned anew. `params` are the
         run's parameters (a mapping of names to text or JSON values, `tasks.ranges.params`),
-        checked before anything is written. The run, the plan's reset and the job's schedule
-        change in one transaction: a start that fails (the database away, a table it cannot
-        plan, parameters refused) changes nothing; so does one whose `then` returns False
+        checked before anything is written. A CSV job's run takes its input, `records` (the
+        CSV's records as JSON objects, `tasks.ranges.collections.read_csv`), stored with the
+        run. The run, its input, the plan's reset and the job's schedule change in one
+        transaction: a start that fails (the database away, a table it cannot plan,
+        parameters or input refused) changes nothing; so does one whose `then` returns False
         (`Overtaken`)."""
         found = get_job(job)
         name = found.name
@@ -135,7 +139,9 @@ class Controls:
             raise ControlRefused(f"start {name}: run {run.id} is paused; resume it "
                                  "(tasks.ranges.resume) or cancel it first")
         stored = self._params_for(found, run, params)
-        self._check_plannable(found)
+        self._check_input(found, run, records)
+        if found.input is None and found.pages is None:  # a collection's table is ours
+            self._check_plannable(found)
         with writing(self.sessions) as session:
             if run is not None and run.state in RunState.LIVE:
                 record(session, run.id, name, "start", actor, f"already {run.state}")
@@ -143,12 +149,18 @@ class Controls:
                 return {"run": run.id, "replanned": 0,
                         "reset_failed": activate_in(session, name)}
             replanned = 0
-            if run is not None and run.state == RunState.CANCELLED:
+            # A cancelled run's plan is made anew; a visit-once job's after every run (its
+            # next run visits every row again, from a new plan: tasks.ranges.visits).
+            if run is not None and (run.state == RunState.CANCELLED or found.visits_once):
                 replanned = self._replan(session, name)
             run_id = open_run(session, name, actor, found.rows_per_s, stored)
+            if records is not None:
+                store_input(session, name, run_id, records)
             reset = activate_in(session, name)
             _then(then, session, name, run_id)
-        report = {"run": run_id, "replanned": replanned, "reset_failed": reset}
+        report: dict[str, Any] = {"run": run_id, "replanned": replanned, "reset_failed": reset}
+        if records is not None:
+            report["input_lines"] = len(records)
         return self._copy_flags(name, report)
 
     @staticmethod
@@ -164,6 +176,22 @@ class Controls:
                                  f"parameters {as_text(values_of(run.params))}; cancel it first to "
                                  "start one with other parameters")
         return stored
+
+    @staticmethod
+    def _check_input(job: RangeJob, run: Run | None, records: list[str] | None) -> None:
+        """A CSV job starts a run only with its input, and no other job takes one; a live
+        run is joined only without."""
+        if records is None:
+            if job.input == CSV_INPUT and (run is None or run.state not in RunState.LIVE):
+                raise ControlRefused(f"start {job.name}: a CSV job's run needs its input: "
+                                     f"python -m tasks jobs start {job.name} --csv PATH")
+            return
+        if job.input != CSV_INPUT:
+            raise ControlRefused(f"start {job.name}: the job takes no CSV (it is not a "
+                                 "csv_job)")
+        if run is not None and run.state in RunState.LIVE:
+            raise ControlRefused(f"start {job.name}: run {run.id} is {run.state} with its "
+                                 "own input; cancel it first to start one with this CSV")
 
     @staticmethod
     def _replan(session: Session, job: str) -> int:

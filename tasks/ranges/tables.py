@@ -3,8 +3,9 @@
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
     range_job_schedules             range jobs' cron schedules (tasks.ranges.timetable)
+    range_run_input                 a collection job's run input (the lines of its CSV)
 
-Migrations 0001, 0005, 0011, 0012, 0013 and 0016 create them, never `create_all`.
+Migrations 0001, 0005, 0011, 0012, 0013, 0016 and 0018 create them, never `create_all`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from tasks.store.db import utcnow
 from tasks.store.models import Base
 
 __all__ = ["PartitionStatus", "WorkItem", "Schedule", "RunState", "RangeRun", "RangeRunEvent",
-           "JobSchedule", "WORK", "SCHEDULES", "RANGE_RUNS", "RANGE_RUN_EVENTS",
-           "JOB_SCHEDULES"]
+           "JobSchedule", "RangeRunInput", "WORK", "SCHEDULES", "RANGE_RUNS",
+           "RANGE_RUN_EVENTS", "JOB_SCHEDULES", "RUN_INPUT"]
 
 
 class PartitionStatus:
@@ -83,6 +84,9 @@ class WorkItem(Base):
     # Set while the holder waits for the job's throttle (rows/s cap or `throttle_on`) before
     # its next batch; cleared by the next checkpoint (migration 0011).
     throttled_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # A custom collection's place (tasks.ranges.collections): the cursor after the last page
+    # committed, JSON text; None: from the start (migration 0018).
+    collection_cursor: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Schedule(Base):
@@ -153,6 +157,9 @@ class RangeRun(Base):
     hook: Mapped[str | None] = mapped_column(String(16), nullable=True, index=True)
     hook_task: Mapped[str | None] = mapped_column(String(64), nullable=True)
     hook_sent_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # When the plan of a visit-once job's run was made (its bounds read), once per run; None
+    # until then, and for filter jobs (tasks.ranges.visits; migration 0018).
+    planned_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class RangeRunEvent(Base):
@@ -199,9 +206,23 @@ class JobSchedule(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class RangeRunInput(Base):
+    """The input of a CSV job's run (tasks.ranges.collections): one row per CSV record, its
+    `line` the record's number (1: the first after the header) and `payload` its fields as a
+    JSON object keyed by the header. Written in the start's transaction, read by every
+    worker; a run's input is deleted by the job's next start (migration 0018)."""
+
+    __tablename__ = "range_run_input"
+
+    run: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    payload: Mapped[str] = mapped_column(Text)
+
+
 # The tables, for compare-and-set UPDATEs and bulk reads.
 WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
 RANGE_RUNS = cast(Table, RangeRun.__table__)
 RANGE_RUN_EVENTS = cast(Table, RangeRunEvent.__table__)
 JOB_SCHEDULES = cast(Table, JobSchedule.__table__)
+RUN_INPUT = cast(Table, RangeRunInput.__table__)

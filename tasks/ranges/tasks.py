@@ -111,15 +111,16 @@ def _actor(task: Task) -> str:
 
 
 def start_job(job: str, actor: str, params: object = None,
-              then: Then | None = None) -> dict[str, Any]:
+              then: Then | None = None, records: list[str] | None = None) -> dict[str, Any]:
     """Start range job `job` with run parameters `params` (a mapping of names to values, or
-    None; a new run unless one is live; a paused run is refused): check the parameters, open
-    the run, activate the job and reset its failed partitions in one transaction, then
+    None; a new run unless one is live; a paused run is refused) and, for a CSV job, its
+    input `records` (`tasks.ranges.collections.read_csv`): check them, open the run (its
+    input stored), activate the job and reset its failed partitions in one transaction, then
     reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too,
     and a schedule's fire, whose `then` commits with the run (`Controls.start`)."""
     found = get_job(job)
     control = controls()
-    opened = control.start(found.name, actor, params, then)
+    opened = control.start(found.name, actor, params, then=then, records=records)
     report = {"job": found.name, **control.kick_quietly(found.name)}
     deferred = [r["deferred"] for r in (opened, report) if "deferred" in r]
     report.update(**opened)
