@@ -23,11 +23,34 @@ from redis.exceptions import RedisError
 from lease import Lease, LeaseLost, NotAcquired, NotHeld
 from tasks.worker.keys import BEAT_LEADER
 
-__all__ = ["LEADER_LEASE", "LeaderScheduler"]
+__all__ = ["LEADER_LEASE", "LeaderScheduler", "QuietTicks"]
 
 log = logging.getLogger("beat")
 
 LEADER_LEASE = BEAT_LEADER
+# Celery logs every task beat sends at INFO; the platform's own ticks (reconcile rounds, restock
+# ticks, sweeps: every few seconds) would be three lines every 5 s. Entries that repeat at least
+# this often are logged at DEBUG only; a user's nightly schedule still shows at INFO.
+QUIET_EVERY_S = 60.0
+SENDING = "Scheduler: Sending due task %s (%s)"  # celery.beat's message for a sent entry
+
+
+class QuietTicks(logging.Filter):
+    """Drops celery.beat's "Sending due task" lines of frequent entries unless DEBUG is on."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != SENDING or not record.args or record.levelno > logging.INFO:
+            return True
+        if logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return True
+        assert isinstance(record.args, tuple)
+        entry = self.scheduler.schedule.get(str(record.args[0]))
+        every = getattr(getattr(entry, "schedule", None), "run_every", None)
+        return every is None or every.total_seconds() > QUIET_EVERY_S
 
 
 class LeaderScheduler(Scheduler):
@@ -41,6 +64,7 @@ class LeaderScheduler(Scheduler):
         self._leases = resources_for(settings).leases
         self._lease: Lease | None = None
         super().__init__(*args, **kwargs)
+        logging.getLogger("celery.beat").addFilter(QuietTicks(self))
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         wait = self.lease_ttl / 3

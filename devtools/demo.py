@@ -54,7 +54,8 @@ DEMO_REDIS_DB = 14
 DEMO_MODULES = "examples.cm_data"
 OUR_TABLES = ("cm_data", "work_items", "schedules", "dead_letters", "rollback_journal",
               "rollback_owners", "skus", "orders", "order_items", "payments", "restock_nodes",
-              "range_runs", "range_run_events", "alembic_version")
+              "range_runs", "range_run_events", "range_job_schedules", "range_run_input",
+               "alembic_version")
 
 
 @dataclass

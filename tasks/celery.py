@@ -24,6 +24,7 @@ from tasks.deadletters import kinds
 from tasks.observe.logs import use_json
 from tasks.wing import Wing, each
 from tasks.worker import brokerfix, flowerguard, heartbeat, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
+from tasks.worker.controlplane import ControlPlane
 from tasks.worker.limits import bound_log_handlers, bounded_backend
 from tasks.worker.queues import routing_config
 from tasks.worker.retry import check_policy
@@ -231,6 +232,8 @@ app.platform_settings = settings
 app.platform_wings = WINGS
 # Liveness without a queued task: WORKER_HEARTBEAT_FILE, touched from the worker's own timer.
 app.steps["worker"].add(heartbeat.Heartbeat)
+# Controls and reconcile rounds never wait behind work (tasks/worker/controlplane.py).
+app.steps["consumer"].add(ControlPlane)
 
 
 @signals.after_setup_logger.connect

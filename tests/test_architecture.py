@@ -312,6 +312,8 @@ def test_every_table_is_declared_in_exactly_one_module_of_its_owner() -> None:
     assert {t: len(m) for t, m in declared.items()} == {t: 1 for t in declared}
     expected = {"work_items": "tasks.ranges", "schedules": "tasks.ranges",
                 "range_runs": "tasks.ranges", "range_run_events": "tasks.ranges",
+                "range_job_schedules": "tasks.ranges",
+                "range_run_input": "tasks.ranges",
                 "skus": "tasks.restock", "orders": "tasks.restock",
                 "order_items": "tasks.restock", "payments": "tasks.restock",
                 "restock_nodes": "tasks.restock", "rollback_journal": "tasks.rollback",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +33,10 @@ def test_migrate_the_example_seed_and_status(private_redis: RedisServer, tmp_pat
                        COLUMNS="200")
     early = tasks_cli(env, "status")
     assert early.returncode == 1 and "run `python -m tasks migrate`" in early.stderr
-    assert "up to date" in tasks_cli(env, "migrate").stdout
-    assert "up to date" in tasks_cli(env, "migrate").stdout  # idempotent
+    first = tasks_cli(env, "migrate").stdout
+    assert "applied 0001: Work table and schedule table" in first
+    assert "schema is up to date (0 migrations applied)" not in first
+    assert "schema is up to date (0 migrations applied)" in tasks_cli(env, "migrate").stdout
     # The example's seeder (a user's project: it creates its own table, then appends rows).
     assert "seeded ids 1..300" in tasks_cli(env, "--rows", "300", module="examples.seed").stdout
     assert "seeded ids 301..310" in tasks_cli(env, "--rows", "10", module="examples.seed").stdout
@@ -155,3 +159,85 @@ def test_status_on_a_database_that_does_not_exist_says_so_without_a_traceback(
     assert ("does not exist" in run.stderr or "Unknown database" in run.stderr), run.stderr
     assert "DATABASE_URL=" in run.stderr
     assert not list(tmp_path.rglob("*.sqlite"))
+
+
+@pytest.mark.parametrize(("overrides", "args", "expected"), [
+    ({"LEASE_TTL": "abc"}, ("status",), "LEASE_TTL='abc' is not a number"),
+    ({"EXTRA_TASK_MODULES": "nosuch.jobs"}, ("status",),
+     "EXTRA_TASK_MODULES names 'nosuch.jobs', which cannot be imported"),
+    ({"EXTRA_TASK_MODULES": "nosuch.jobs"}, ("jobs", "runs", "cm_data"),
+     "EXTRA_TASK_MODULES names 'nosuch.jobs', which cannot be imported"),
+    ({"REDIS_URL_FILE": "/nonexistent/redis_url"}, ("status",),
+     "REDIS_URL_FILE='/nonexistent/redis_url': cannot read it"),
+])
+def test_a_bad_setting_or_module_is_one_line_naming_it(
+    tmp_path: Path, overrides: dict[str, str], args: tuple[str, ...], expected: str
+) -> None:
+    env = platform_env(DATABASE_URL=f"sqlite:///{tmp_path}/c.db", **overrides)
+    if "REDIS_URL_FILE" in overrides:
+        env.pop("REDIS_URL", None)
+    done = tasks_cli(env, *args, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m tasks: {expected}"), lines
+
+
+def test_the_console_script_has_a_version_and_shell_completion(tmp_path: Path) -> None:
+    env = platform_env(DATABASE_URL=f"sqlite:///{tmp_path}/c.db")
+    script = Path(sys.executable).with_name("rangekeeper")
+    version = subprocess.run([str(script), "--version"], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"rangekeeper {importlib.metadata.version('rangekeeper')}"
+    bash = subprocess.run([str(script), "completion", "bash"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert bash.returncode == 0 and "_RANGEKEEPER_COMPLETE=bash_complete" in bash.stdout
+    # The script it prints completes the real commands.
+    env.update(_RANGEKEEPER_COMPLETE="bash_complete", COMP_WORDS="rangekeeper jo", COMP_CWORD="1")
+    words = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert "plain,jobs" in words.stdout.splitlines()
+
+
+def test_database_schema_puts_every_table_in_its_own_postgresql_schema_and_url_options_stay(
+    private_redis: RedisServer
+) -> None:
+    from sqlalchemy import text
+
+    from tests.support.db import DATABASES, ensure_databases
+
+    ensure_databases()
+    url = DATABASES["postgresql"]
+    schema = f"rk_schema_{os.getpid()}"
+    env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=url, DATABASE_SCHEMA=schema)
+    admin = make_engine(url)
+    try:
+        done = tasks_cli(env, "migrate")
+        assert done.returncode == 0, done.stderr
+        assert "applied 0001" in done.stdout
+        with admin.connect() as conn:
+            tables = set(conn.execute(text(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = :s"),
+                {"s": schema}).scalars())
+        assert {"work_items", "range_runs", "dead_letters", "alembic_version"} <= tables
+        assert tasks_cli(env, "status").returncode == 0  # the platform finds its tables there
+        # Options given in DATABASE_URL are kept beside the platform's own.
+        engine = make_engine(f"{url}?options=-c%20application_name%3Drk-options-test",
+                             idle_timeout=5, schema=schema)
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW application_name")).scalar() == "rk-options-test"
+            assert conn.execute(text("SHOW search_path")).scalar() == schema
+            assert conn.execute(text("SHOW lock_timeout")).scalar() == "10s"
+        engine.dispose()
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def test_database_schema_is_refused_off_postgresql(tmp_path: Path) -> None:
+    env = platform_env(DATABASE_URL=f"sqlite:///{tmp_path}/c.db", DATABASE_SCHEMA="app")
+    done = tasks_cli(env, "migrate")
+    assert done.returncode == 2 and "DATABASE_SCHEMA applies to PostgreSQL only" in done.stderr
+    bad = tasks_cli(platform_env(DATABASE_URL=f"sqlite:///{tmp_path}/c.db",
+                                 DATABASE_SCHEMA="App; DROP"), "status")
+    assert bad.returncode == 2 and "DATABASE_SCHEMA='App; DROP' must match" in bad.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tasks.config.settings import DEFAULT_DATABASE_URL, SettingsError, redact
@@ -150,3 +152,29 @@ def test_the_console_cookie_settings() -> None:
     assert defaults.console_secure_cookies is False and defaults.console_trusted_proxies == ()
     with pytest.raises(SettingsError, match="CONSOLE_TRUSTED_PROXIES: 'proxy.local'"):
         load_settings({"CONSOLE_TRUSTED_PROXIES": "10.0.0.7,proxy.local"})
+
+
+def test_a_variable_may_come_from_a_file_named_by_its_file_variable(tmp_path: Path) -> None:
+    secret = tmp_path / "redis_url"
+    secret.write_text("redis://:from-a-file@127.0.0.1:6379/4\n")  # a mounted secret's newline
+    (tmp_path / "ttl").write_text("7.5")
+    settings = load_settings({"REDIS_URL_FILE": str(secret),
+                              "LEASE_TTL_FILE": str(tmp_path / "ttl"), "LEASE_TTL": ""})
+    assert settings.lease_ttl == 7.5
+    assert settings.redis_url == "redis://:from-a-file@127.0.0.1:6379/4"
+    assert settings.broker_url == settings.redis_url  # the default follows it as before
+
+
+def test_a_file_variable_that_cannot_be_read_or_doubles_its_variable_is_refused(
+    tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(SettingsError, match=r"^REDIS_URL_FILE=.*nope'?: cannot read it"):
+        load_settings({"REDIS_URL_FILE": str(missing)})
+    present = tmp_path / "url"
+    present.write_text("redis://127.0.0.1:6379/4")
+    with pytest.raises(SettingsError, match="REDIS_URL and REDIS_URL_FILE are both set"):
+        load_settings({"REDIS_URL_FILE": str(present), "REDIS_URL": "redis://127.0.0.1/1"})
+    (tmp_path / "ttl").write_text("abc")
+    with pytest.raises(SettingsError, match="LEASE_TTL='abc' is not a number"):
+        load_settings({"LEASE_TTL_FILE": str(tmp_path / "ttl")})

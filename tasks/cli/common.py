@@ -15,13 +15,40 @@ from tasks.config.settings import redact
 if TYPE_CHECKING:
     from tasks.store.resources import Resources
 
-__all__ = ["cli", "open_resources", "fail", "require_tables", "require_redis"]
+__all__ = ["cli", "open_resources", "fail", "require_tables", "require_redis", "load_jobs",
+           "completion"]
+
+SHELLS = ("bash", "zsh", "fish")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rangekeeper", message="%(prog)s %(version)s")
 def cli() -> None:
     """Operate rangekeeper: the schema, the demo table, status, range-job controls and dead
     letters. Settings come from the environment (REDIS_URL, DATABASE_URL, ...)."""
+
+
+@click.command()
+@click.argument("shell", type=click.Choice(SHELLS))
+@click.pass_context
+def completion(ctx: click.Context, shell: str) -> None:
+    """Print the shell completion script of the `rangekeeper` command for SHELL; for example
+    `eval "$(rangekeeper completion bash)"` in ~/.bashrc."""
+    from click.shell_completion import get_completion_class
+
+    found = get_completion_class(shell)
+    assert found is not None  # every choice is one of click's own shells
+    root = ctx.find_root().command
+    click.echo(found(root, {}, "rangekeeper", "_RANGEKEEPER_COMPLETE").source())
+
+
+def load_jobs() -> None:
+    """Register the jobs a worker knows: import the app's task modules (EXTRA_TASK_MODULES
+    included), as `celery -A tasks worker` does; a module that cannot be imported ends the
+    command with one line (`tasks.cli.main`)."""
+    from tasks.celery import app
+
+    app.loader.import_default_modules()
 
 
 def fail(message: str) -> NoReturn:

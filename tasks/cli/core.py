@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tasks.cli.common import open_resources, require_redis, require_tables
+from tasks.cli.common import load_jobs, open_resources, require_redis, require_tables
 
 if TYPE_CHECKING:
     from tasks.cli.render import RenderableType
@@ -24,8 +24,12 @@ def migrate() -> None:
     from tasks.wings import load_tables
 
     with open_resources(need_file=False) as res:
-        upgrade(res.engine, metadata=load_tables())
-    click.echo("schema is up to date")
+        applied = upgrade(res.engine, metadata=load_tables(),
+                          schema=res.settings.database_schema)
+    for revision, doc in applied:
+        click.echo(f"applied {revision}: {doc}")
+    click.echo(f"schema is up to date ({len(applied)} migration"
+               f"{'' if len(applied) == 1 else 's'} applied)")
 
 
 @click.command()
@@ -65,6 +69,7 @@ def status(job: str | None, states: tuple[str, ...], owner: str | None, slowest:
         query = PartitionQuery.parse(job, states, owner, slowest, limit, after)
     except InvalidPage as exc:
         fail(f"status: {exc}")
+    load_jobs()  # a bad EXTRA_TASK_MODULES is reported here as in `jobs`, not ignored
     with open_resources() as res:
         require_tables(res)
         require_redis(res)

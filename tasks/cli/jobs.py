@@ -1,8 +1,12 @@
 """`python -m tasks jobs start|pause|resume|cancel|retry-failed|retry-skipped|throttle|runs JOB`
 and `python -m tasks jobs run JOB N` (one run in detail, with its failures' tracebacks).
 
-`start` takes the run's parameters (`--param NAME=VALUE`, repeated) and `--dry-run`, which
-prints what the start would do and writes nothing (`tasks.ranges.dryrun`).
+`schedule JOB CRON [--policy] [--missed]`, `schedule JOB --clear` and `schedules` set, clear and
+list the jobs' cron schedules (`tasks.ranges.timetable`).
+
+`start` takes the run's parameters (`--param NAME=VALUE`, repeated), a CSV job's input
+(`--csv PATH`, `tasks.ranges.collections`) and `--dry-run`, which prints what the start would
+do and writes nothing (`tasks.ranges.dryrun`).
 
 The controls are `tasks.ranges.controls.Controls`, the same code the Celery tasks
 (`tasks.ranges.pause` ...) run; this module parses, prints, and turns a refusal (unknown job,
@@ -37,8 +41,8 @@ def actor() -> str:
 
 @click.group()
 def jobs() -> None:
-    """Range-job controls (pause, resume, cancel, retry-failed, retry-skipped, throttle) and
-    run history."""
+    """Range-job controls (pause, resume, cancel, retry-failed, retry-skipped, throttle), run
+    history and schedules."""
 
 
 @contextmanager
@@ -92,19 +96,30 @@ def _controls() -> Any:
                    "is written.")
 @click.option("--dry-run", is_flag=True,
               help="Print the plan, the first batch's SQL and rows and an ETA; write nothing.")
+@click.option("--csv", "csv_path", metavar="PATH",
+              help="A CSV job's input: a header line, then one record per item; read and "
+                   "checked whole before anything is written, stored with the run.")
 @click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
-def start(job: str, pairs: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+def start(job: str, pairs: tuple[str, ...], dry_run: bool, csv_path: str | None,
+          as_json: bool) -> None:
     """Start JOB: a new run unless one is running (what tasks.ranges.start does)."""
+    from tasks.ranges.collections import read_csv
+    from tasks.ranges.jobs import get_job
     from tasks.ranges.params import parse_pairs
     from tasks.ranges.tasks import start_job
 
     _load_jobs()
     with _refusals():
         given = parse_pairs(pairs) if pairs else None
+        get_job(job)
+        if dry_run and csv_path is not None:
+            fail("start --dry-run reads a table; a CSV job's rows are its input (check the "
+                 "file with a start)")
+        records = read_csv(csv_path) if csv_path is not None else None
     if dry_run:
         _dry_run(job, given, as_json)
         return
-    _control(lambda j, who: start_job(j, who, given), job, as_json=as_json)
+    _control(lambda j, who: start_job(j, who, given, records=records), job, as_json=as_json)
 
 
 def _dry_run(job: str, given: dict[str, str] | None, as_json: bool) -> None:
@@ -260,3 +275,71 @@ def run_detail(job: str, number: int, as_json: bool) -> None:
         click.echo(f"part {f['part']} failed at {f['at']} on {f['by']}: {f['error']}")
         for line in (f["traceback"] or "(no traceback kept)").splitlines():
             click.echo(f"    {line}")
+
+
+@jobs.command()
+@click.argument("job")
+@click.argument("cron", required=False)
+@click.option("--policy", default="skip", show_default=True,
+              help="While a run is live at a due time: skip it, replace the run (cancel it "
+                   "and start anew), or queue one run for when it ends.")
+@click.option("--missed", default="once", show_default=True,
+              help="Due times missed while no beat ran: run once, or skip them.")
+@click.option("--clear", is_flag=True, help="No more scheduled runs of JOB (until set again).")
+@click.option("--json", "as_json", is_flag=True, help="The schedule as one JSON object.")
+def schedule(job: str, cron: str | None, policy: str, missed: str, clear: bool,
+             as_json: bool) -> None:
+    """Set, change (JOB CRON), clear (JOB --clear) or show (JOB) JOB's cron schedule (UTC;
+    six fields: seconds first). The leader beat starts its runs."""
+    from tasks.ranges.jobs import get_job, registered_jobs
+    from tasks.ranges.timetable import clear_schedule, set_schedule, views
+
+    if clear and cron is not None:
+        raise click.UsageError("give either CRON or --clear (not both)")
+    _load_jobs()
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        found = get_job(job)
+        if clear:
+            clear_schedule(res.sessions, found)
+        elif cron is not None:
+            set_schedule(res.sessions, found, cron, policy, missed)
+        shown = [v for v in views(res.sessions, registered_jobs()) if v["job"] == found.name]
+    view = shown[0] if shown else {"job": found.name, "cron": None}
+    if as_json:
+        click.echo(json.dumps(view))
+        return
+    click.echo(_schedule_line(view))
+
+
+@jobs.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON list.")
+def schedules(as_json: bool) -> None:
+    """Every range job's cron schedule: policies, next due time, last fire."""
+    from tasks.ranges.jobs import registered_jobs
+    from tasks.ranges.timetable import views
+
+    _load_jobs()
+    with open_resources() as res, _refusals():
+        require_tables(res)
+        found = views(res.sessions, registered_jobs())
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    if not found:
+        click.echo("no schedules (set one: python -m tasks jobs schedule JOB \"0 2 * * *\")")
+    for view in found:
+        click.echo(_schedule_line(view))
+
+
+def _schedule_line(view: dict[str, Any]) -> str:
+    if view.get("cron") is None:
+        return f"{view['job']}: no schedule"
+    line = (f"{view['job']}: \"{view['cron']}\" UTC  policy {view['policy']}  missed "
+            f"{view['missed']}  next {view['next_due'] or '-'}  ({view['source']})")
+    if view.get("queued"):
+        line += f"  queued {view['queued']}"
+    if view.get("last_outcome"):
+        line += (f"  last {view['last_due']}: {view['last_outcome']}  fired {view['fired']}"
+                 f"  skipped {view['skipped']}")
+    return line

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tasks.cli.common import cli
+from tasks.cli.common import cli, completion
 from tasks.cli.console import console
 from tasks.cli.core import migrate, status
 from tasks.cli.deadletters import deadletters
@@ -15,14 +15,26 @@ from tasks.cli.jobs import jobs
 
 __all__ = ["cli", "main", "run"]
 
-for _command in (migrate, status, jobs, deadletters, console):
+for _command in (migrate, status, jobs, deadletters, console, completion):
     cli.add_command(_command)
 
 
 def main(argv: list[str], prog_name: str = "python -m tasks") -> int:
     """Run the CLI on `argv`; return its exit code (click's usage errors give 2)."""
+    from tasks.config.envparse import SettingsError
+
     try:
         cli.main(args=argv, prog_name=prog_name, standalone_mode=False)
+    except SettingsError as exc:  # a bad variable: its name and the reason, no traceback
+        print(f"{prog_name}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        module = _extra_module(exc)
+        if module is None:
+            raise
+        print(f"{prog_name}: EXTRA_TASK_MODULES names {module!r}, which cannot be imported "
+              f"({exc})", file=sys.stderr)
+        return 2
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
@@ -39,6 +51,22 @@ def main(argv: list[str], prog_name: str = "python -m tasks") -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 0
+
+
+def _extra_module(exc: ModuleNotFoundError) -> str | None:
+    """The module of EXTRA_TASK_MODULES that `exc` failed to import (None: another import)."""
+    from tasks.config.envparse import SettingsError
+    from tasks.config.settings import load_settings
+
+    try:
+        modules = load_settings().extra_task_modules
+    except SettingsError:
+        return None
+    missing = exc.name or ""
+    for module in modules:
+        if missing and (module == missing or module.startswith(missing + ".")):
+            return module
+    return None
 
 
 def run() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -32,6 +32,26 @@ class SettingsError(ValueError):
 
 # Query parameters whose value is a credential (`?password=`, `sslpassword=`, `token=`...).
 _SECRET_PARAM = re.compile(r"([?&;][^=&#;]*(?:pass|pwd|secret|token)[^=&#;]*=)[^&#;]*", re.I)
+
+
+def value(env: Mapping[str, str], name: str) -> str:
+    """The raw value of setting `name` in `env`, stripped: the variable itself, or the contents
+    of the file its `NAME_FILE` variable names (Docker and Kubernetes secrets mounted as files).
+    Both set, or a file that cannot be read, is a `SettingsError` naming the variable."""
+    path = env.get(f"{name}_FILE", "").strip()
+    raw = env.get(name, "").strip()
+    if not path:
+        return raw
+    if raw:
+        raise SettingsError(f"{name} and {name}_FILE are both set: set one of them")
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    except OSError as exc:
+        raise SettingsError(f"{name}_FILE={path!r}: cannot read it "
+                            f"({exc.strerror or type(exc).__name__})") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{name}_FILE={path!r}: cannot read it (not UTF-8 text)") from None
 
 
 def redact(url: str) -> str:
@@ -190,6 +210,17 @@ def modules(name: str, raw: str) -> tuple[str, ...]:
 
 
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def identifier(name: str, raw: str) -> str:
+    """A lower-case SQL identifier (a schema name), used unquoted-safe in DDL."""
+    if not IDENTIFIER.match(raw):
+        raise SettingsError(f"{name}={raw[:80]!r} must match {IDENTIFIER.pattern} (a lower-case "
+                            "SQL identifier)")
+    return raw
 
 
 def one_of(*choices: str) -> Callable[[str, str], str]:

@@ -44,6 +44,9 @@ class Settings:
     broker_url: str = DEFAULT_REDIS_URL
     result_backend: str = DEFAULT_REDIS_URL
     database_url: str = DEFAULT_DATABASE_URL
+    # PostgreSQL: the schema every table of the platform (and of its wings) lives in, made by
+    # `migrate` and put first on each connection's search_path (None: the server's default).
+    database_schema: str | None = None
     lease_ttl: float = 10.0
     soft_time_limit: float = 3300.0
     time_limit: float = 3600.0
@@ -157,6 +160,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "broker_url": ("BROKER_URL", envparse.url((*BROKER_SCHEMES, *SENTINEL_SCHEMES))),
     "result_backend": ("RESULT_BACKEND", envparse.url((*REDIS_SCHEMES, *SENTINEL_SCHEMES))),
     "database_url": ("DATABASE_URL", envparse.database_url),
+    "database_schema": ("DATABASE_SCHEMA", envparse.identifier),
     "lease_ttl": ("LEASE_TTL", envparse.positive(float)),
     "soft_time_limit": ("SOFT_TIME_LIMIT", envparse.positive(float)),
     "time_limit": ("TIME_LIMIT", envparse.positive(float)),
@@ -200,7 +204,7 @@ def load_settings(env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     values: dict[str, object] = {}
     for field, (name, parse) in _FIELDS.items():
-        raw = env.get(name, "").strip()
+        raw = envparse.value(env, name)
         if raw:
             values[field] = parse(name, raw)
     redis_url = str(values.get("redis_url", DEFAULT_REDIS_URL))
@@ -213,6 +217,9 @@ def load_settings(env: Mapping[str, str] | None = None,
     values.setdefault("broker_url", redis_url)
     values.setdefault("result_backend", redis_url)
     core = Settings(**values)  # type: ignore[arg-type]
+    if core.database_schema and not core.database_url.startswith("postgresql"):
+        raise SettingsError("DATABASE_SCHEMA applies to PostgreSQL only (on MariaDB the "
+                            "database in DATABASE_URL is the schema; SQLite has none)")
     found = tuple(load_section(cls, env) for cls in sections)
     for section in found:
         section.check(core)
@@ -258,7 +265,7 @@ def load_section(cls: type[S], env: Mapping[str, str]) -> S:
         if parse is None:
             continue
         name = env_name(cls, field)  # type: ignore[arg-type]
-        raw = env.get(name, "").strip()
+        raw = envparse.value(env, name)
         if raw:
             values[field.name] = parse(name, raw)
     return cls(**values)

@@ -13,7 +13,8 @@ transaction commits later (an id allocated early: a sequence cache, an id block,
 application id); the run's closing round, once every partition finished, reads the table with
 the job's filter and sends the partitions of such rows back to work, from `lo`
 (`tasks.ranges.closing`). One read per run, not one per partition (docs/decisions.md, "One
-closing read per run").
+closing read per run"). For a visit-once job (`tasks.ranges.visits`) the pass is all: its
+cursor reached `hi`; it has no filter contract to check and no closing round.
 
 The reads themselves (rows off the driver's cursor as plain tuples when they need no
 conversion) are `tasks.ranges.reads`; every write to the work row, the guard included, is a
@@ -28,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, select
+from sqlalchemy import Connection, Row, and_, bindparam, select
 from sqlalchemy.orm import Session
 
 from tasks.observe.metrics import record
@@ -66,9 +67,10 @@ class Batches:
     def __init__(self, row: WorkRow, partition: Partition, *, next_id: int,
                  clock: Callable[[], float] = time.monotonic,
                  started: float | None = None, lease_ttl: float = float("inf"),
-                 params: Any = None) -> None:
+                 params: Any = None, run: int | None = None) -> None:
         self.row, self.job, self.partition = row, row.job, partition
         self.params = params  # the run's parameters (ctx.params; the filter's argument)
+        self.run = run  # the run's id (ctx.run, ctx.idempotency_key)
         self.clock = clock
         self.started = clock() if started is None else started
         self.cursor = Cursor(next_id)
@@ -82,6 +84,9 @@ class Batches:
                 self.skips = Skips(job, partition.part,
                                    quarantined_ids(session, job.name, partition.part))
         where = job.filter(params)
+        scope = job.run_scope(run)  # a CSV job reads its own run's input
+        if scope is not None:
+            where = and_(where, scope)
         self.reads = Reads(job, partition.hi, where)
         self._pending_skips: frozenset[int] = frozenset()  # quarantined by the open batch
         self._leave_out()
@@ -183,7 +188,7 @@ class Batches:
             first, last = id_at(chunk, 0, id_column), id_at(chunk, -1, id_column)
             span = (first, last) if exact and self._clear_of_quarantine(first, last) else None
             self.job.process(chunk, Context(session, fence, self.job, self.partition, pool,
-                                            span, self.params))
+                                            span, self.params, self.run))
 
         skipped = (self.skips.process(session, rows, fence, run,
                                       pending=len(self._pending_skips)) if self.skips else [])
@@ -192,7 +197,7 @@ class Batches:
         elif skipped:
             rows = [r for r in rows if int(getattr(r, id_column)) not in skipped]
             self.row.uncount(conn, fence, len(skipped))
-        if check and rows:
+        if check and rows and not self.job.visits_once:
             self._check_cleared(conn, rows)
             self.cursor.checked = True
         self._pending_skips |= frozenset(skipped)

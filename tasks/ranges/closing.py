@@ -59,6 +59,7 @@ from tasks.ranges.runs import (
 from tasks.ranges.skips import quarantined_of_job
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.visits import is_planned
 from tasks.ranges.workrow import partitions_of
 from tasks.store.db import affected, utcnow
 from tasks.store.validate import InvalidArguments
@@ -124,9 +125,8 @@ def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
     counts = _statuses_after_resume_race(sessions, job.name, state)
     if sum(counts.get(s, 0) for s in (*S.OPEN, S.PAUSED)):
         return result
-    if counts.get(S.FAILED):
-        if run is not None:
-            result.run = _end(sessions, run, RunState.FAILED, _summary(counts))
+    if counts.get(S.FAILED) or job.visits_once:
+        _end_without_read(sessions, job, run, counts, hold, result)
         return result
     if state != RunState.RUNNING and not _due(sessions, job.name, settle):
         return result
@@ -159,6 +159,31 @@ def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
         log.info("range %s: the closing read found %d rows still to do; partitions %s go "
                  "back to pending", job.name, result.found, result.reopened[:20])
     return result
+
+
+def _end_without_read(sessions: sessionmaker[Session], job: RangeJob, run: Run | None,
+                      counts: dict[str, int], hold: Hold, result: Closing) -> None:
+    """A run with a failed partition fails; a visit-once run (`tasks.ranges.visits`) has no
+    closing read: it succeeds once its plan is made and every partition of it is done (its
+    cursor reached its upper bound) or empty."""
+    if run is None:
+        return
+    if counts.get(S.FAILED):
+        result.run = _end(sessions, run, RunState.FAILED, _summary(counts))
+        return
+    if run.state != RunState.RUNNING:
+        return
+    with writing(sessions) as session:
+        if not hold(session):
+            result.overtaken = True
+            return
+        counts = statuses(session, run.job)
+        if not is_planned(session, run.id) or set(counts) - {S.DONE, S.EMPTY}:
+            return
+        result.run = _change(session, run, RunState.SUCCEEDED,
+                             f"every partition of the plan reached its upper bound "
+                             f"({sum(counts.values())} partitions); visits once, so no "
+                             "closing read")
 
 
 def _statuses_after_resume_race(sessions: sessionmaker[Session], job: str,

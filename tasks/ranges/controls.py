@@ -1,8 +1,8 @@
 """The controls of a range job's run, one function per verb, shared by the Celery tasks
 (`tasks.ranges.pause` ...) and the operator CLI (`python -m tasks jobs pause JOB` ...):
 
-    start         open a run that walks the whole plan again (a cancelled run's partitions
-                  are planned anew)
+    start         open a run that walks the whole stored plan again (a cancelled run's
+                  partitions are planned anew, and a visit-once job's after any run)
     pause         every running partition commits its batch, releases its lease, is `paused`
     resume        paused partitions -> pending, dispatched at once
     cancel        like pause, and the run ends; `start` begins a new one from the job's filter
@@ -31,7 +31,8 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.ranges.jobs import RangeJob, get_job
+from tasks.ranges.collections import store_input
+from tasks.ranges.jobs import CSV_INPUT, RangeJob, get_job
 from tasks.ranges.keys import range_schedule_name
 from tasks.ranges.params import as_text, values_of
 from tasks.ranges.reconciler import activate_in
@@ -52,7 +53,8 @@ from tasks.ranges.workrow import partitions_of, restart_finished
 from tasks.store.db import affected, utcnow
 from tasks.store.validate import InvalidArguments, quote
 
-__all__ = ["Controls", "ControlRefused", "VERBS", "MAX_RATE", "validate_rate"]
+__all__ = ["Controls", "ControlRefused", "Overtaken", "Then", "VERBS", "MAX_RATE",
+           "validate_rate"]
 
 VERBS = ("pause", "resume", "cancel", "retry-failed", "retry-skipped", "throttle")
 MAX_RATE = 1e9  # rows per second: anything above is a typo
@@ -64,6 +66,16 @@ Kick = Callable[[str], dict[str, Any]]
 
 class ControlRefused(InvalidArguments):
     """The run is in no state for this control (or changed under it); nothing was changed."""
+
+
+class Overtaken(ControlRefused):
+    """A start's `then` step refused (a schedule's due time fired by another beat first); the
+    start changed nothing."""
+
+
+# A start's last step, in its transaction, given the run's id: False rolls the start back
+# (tasks.ranges.timetable fires a due time with it, exactly once).
+Then = Callable[[Session, int], bool]
 
 
 class RunChanged(ControlRefused):
@@ -112,23 +124,28 @@ class Controls:
     client: Any
     kick: Kick
 
-    def start(self, job: str, actor: str, params: object = None) -> dict[str, Any]:
+    def start(self, job: str, actor: str, params: object = None,
+              then: Then | None = None, records: list[str] | None = None) -> dict[str, Any]:
         """Open a run of `job` unless one is live (a paused run must be resumed or cancelled
         first); after a cancelled run the job's partitions are planned anew. `params` are the
         run's parameters (a mapping of names to text or JSON values, `tasks.ranges.params`),
-        checked before anything is written. The run, the plan's reset and the job's schedule
-        change in one transaction: a start that fails (the database away, a table it cannot
-        plan, parameters refused) changes nothing. Two starts racing to open a run: the loser
-        finds the winner's run in its transaction (or meets the run number's unique
-        constraint), rolls back, and joins the winner's run."""
+        checked before anything is written. A CSV job's run takes its input, `records` (the
+        CSV's records as JSON objects, `tasks.ranges.collections.read_csv`), stored with the
+        run. The run, its input, the plan's reset and the job's schedule change in one
+        transaction: a start that fails (the database away, a table it cannot plan,
+        parameters or input refused) changes nothing; so does one whose `then` returns False
+        (`Overtaken`). Two starts racing to open a run: the loser finds the winner's run in
+        its transaction (or meets the run number's unique constraint), rolls back, and joins
+        the winner's run."""
         for _ in range(CONFLICT_TRIES - 1):
             try:
-                return self._start(job, actor, params)
+                return self._start(job, actor, params, then, records)
             except (IntegrityError, RunChanged):
                 continue
-        return self._start(job, actor, params)
+        return self._start(job, actor, params, then, records)
 
-    def _start(self, job: str, actor: str, params: object) -> dict[str, Any]:
+    def _start(self, job: str, actor: str, params: object, then: Then | None,
+               records: list[str] | None) -> dict[str, Any]:
         found = get_job(job)
         name = found.name
         run = current_run(self.sessions, name)
@@ -136,7 +153,9 @@ class Controls:
             raise ControlRefused(f"start {name}: run {run.shown} is paused; resume it "
                                  "(tasks.ranges.resume) or cancel it first")
         stored = self._params_for(found, run, params)
-        self._check_plannable(found)
+        self._check_input(found, run, records)
+        if found.input is None and found.pages is None:  # a collection's table is ours
+            self._check_plannable(found)
         with writing(self.sessions) as session:
             latest = session.execute(select(RANGE_RUNS.c.id, RANGE_RUNS.c.state).where(
                 RANGE_RUNS.c.job == name).order_by(RANGE_RUNS.c.id.desc()).limit(1)).first()
@@ -146,19 +165,27 @@ class Controls:
                                  "nothing was changed, try again")
             if run is not None and run.state in RunState.LIVE:
                 record(session, run.id, name, "start", actor, f"already {run.state}")
+                _then(then, session, name, run.id)
                 return {"run": run.shown, "replanned": 0,
                         "reset_failed": activate_in(session, name)}
             replanned = restarted = 0
-            if run is not None and run.state == RunState.CANCELLED:
+            # A cancelled run's plan is made anew; a visit-once job's after every run (its
+            # next run visits every row again, from a new plan: tasks.ranges.visits).
+            if run is not None and (run.state == RunState.CANCELLED or found.visits_once):
                 replanned = self._replan(session, name)
             else:  # the new run walks every stored partition again, counting from zero
                 restarted = restart_finished(session, name)
             run_id = open_run(session, name, actor, found.rows_per_s, stored)
+            if records is not None:
+                store_input(session, name, run_id, records)
             reset = activate_in(session, name)
+            _then(then, session, name, run_id)
             number = session.execute(select(RANGE_RUNS.c.number).where(
                 RANGE_RUNS.c.id == run_id)).scalar_one()
-        report = {"run": number, "replanned": replanned, "restarted": restarted,
-                  "reset_failed": reset}
+        report: dict[str, Any] = {"run": number, "replanned": replanned,
+                                  "restarted": restarted, "reset_failed": reset}
+        if records is not None:
+            report["input_lines"] = len(records)
         return self._copy_flags(name, report)
 
     @staticmethod
@@ -174,6 +201,22 @@ class Controls:
                                  f"parameters {as_text(values_of(run.params))}; cancel it first to "
                                  "start one with other parameters")
         return stored
+
+    @staticmethod
+    def _check_input(job: RangeJob, run: Run | None, records: list[str] | None) -> None:
+        """A CSV job starts a run only with its input, and no other job takes one; a live
+        run is joined only without."""
+        if records is None:
+            if job.input == CSV_INPUT and (run is None or run.state not in RunState.LIVE):
+                raise ControlRefused(f"start {job.name}: a CSV job's run needs its input: "
+                                     f"python -m tasks jobs start {job.name} --csv PATH")
+            return
+        if job.input != CSV_INPUT:
+            raise ControlRefused(f"start {job.name}: the job takes no CSV (it is not a "
+                                 "csv_job)")
+        if run is not None and run.state in RunState.LIVE:
+            raise ControlRefused(f"start {job.name}: run {run.id} is {run.state} with its "
+                                 "own input; cancel it first to start one with this CSV")
 
     @staticmethod
     def _replan(session: Session, job: str) -> int:
@@ -341,6 +384,12 @@ class Controls:
             return self.kick(job)
         except (RedisError, OSError, OperationalError) as exc:
             return {"deferred": _deferred("the reconcile round", exc)}
+
+
+def _then(then: Then | None, session: Session, job: str, run_id: int) -> None:
+    if then is not None and not then(session, run_id):
+        raise Overtaken(f"start {job}: overtaken (its due time was fired elsewhere); "
+                        "nothing was changed")
 
 
 def _deferred(what: str, exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from sqlalchemy import ColumnElement, Connection, Table, func, or_, select
 from sqlalchemy.exc import CompileError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tasks.ranges.jobs import RangeJob
+from tasks.ranges.jobs import InvalidArguments, RangeJob
 from tasks.ranges.planning import StoredPlan, plan_after, plan_partitions
 from tasks.ranges.reads import Reads
 from tasks.ranges.tables import RANGE_RUNS, WORK, RunState
@@ -159,7 +159,11 @@ def _first_batch(conn: Connection, job: RangeJob, where: ColumnElement[bool],
 def dry_run(sessions: sessionmaker[Session], job: RangeJob, params: Any,
             shown: dict[str, Any] | None) -> DryRun:
     """What starting `job` with `params` (checked: `RangeJob.make_params`) would do; `shown`
-    is the parameters as stored (their JSON). Reads only, and rolls back."""
+    is the parameters as stored (their JSON). Reads only, and rolls back. A collection job
+    (`tasks.ranges.collections`) is refused: its items exist only once a run starts."""
+    if job.input is not None or job.pages is not None:
+        raise InvalidArguments(f"{job.name}: a dry run reads a table, and this job's items "
+                               "come from its collection when a run starts")
     where = job.filter(params)
     with sessions() as session:
         conn = session.connection()

@@ -11,15 +11,26 @@
     )
     register(orders)
 
+    register(RangeJob(name="export_orders", table=ORDERS, visits="once", process=send_rows))
+
 The process function runs inside the batch's transaction: its writes commit together with the
 partition's checkpoint, guarded by the lease's fence, or not at all. With `fetch_size` it is
 called once per read of that many rows, several times in one batch's transaction.
 
-`where` is required and is the filter of rows *still to do*: processing a row must make it stop
-matching (cm_data sets `status = 1`). A partition is done only when a closing read of its whole
-id range with this filter finds nothing, which is how rows committed out of id order are found
-(README, "Which rows a run processes"). The runner checks the contract on the first batch of
-every run: a process function that leaves a row matching fails its partition, writing nothing.
+Two kinds of job, by what they promise (README, "Which rows a run processes"):
+
+- A filter job (the default, `visits="filter"`): `where` is required and is the filter of rows
+  *still to do*: processing a row must make it stop matching (cm_data sets `status = 1`). A
+  partition is done only when a closing read of its whole id range with this filter finds
+  nothing, which is how rows committed out of id order are found. The runner checks the
+  contract on the first batch of every run: a process function that leaves a row matching
+  fails its partition, writing nothing.
+- A visit-once job (`visits="once"`: an export, a reindex, a notification, a cache warm-up)
+  changes nothing that a filter could see. `where` is optional and only selects rows; the
+  run's plan is made once, and every row present then is visited exactly once by a committed
+  batch; a partition is done when its cursor reached its upper bound (`tasks.ranges.visits`).
+  Effects outside the database carry `ctx.idempotency_key(row)`: (job, run, row key), the
+  same when a batch is retried, new in the next run.
 
 Run parameters (`tasks.ranges.params`): `params` is a dataclass class whose instance, built
 from the values given at start and stored on the run, reaches `process` as `ctx.params`.
@@ -35,11 +46,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Integer, Row, Table, any_, bindparam
+from sqlalchemy import ColumnElement, Integer, Row, Table, any_, bindparam, true
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
+from tasks.ranges.cron import parse_cron, validate_missed, validate_policy
+from tasks.ranges.hooks import HOOKS, Hook, validate_hook
 from tasks.ranges.keys import range_lease_name
 from tasks.ranges.params import InvalidParams, build, decode, encode, fields_of
 from tasks.ranges.planning import Partition
@@ -47,17 +60,30 @@ from tasks.ranges.sizing import validate_sizing
 from tasks.ranges.skips import validate_skips
 from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
 
-__all__ = ["RangeJob", "Context", "UnknownJob", "InvalidArguments", "register", "get_job",
-           "registered_jobs", "validate_job_name", "validate_part"]
+__all__ = ["RangeJob", "Context", "Visits", "CSV_INPUT", "UnknownJob", "InvalidArguments",
+           "register", "get_job", "registered_jobs", "validate_job_name", "validate_part"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
+# A custom collection's source (tasks.ranges.collections): (cursor, size) -> (items, cursor
+# after them); the first call gets None, the last returns None as its cursor.
+PagesFn = Callable[[Any, int], tuple[Sequence[Any], Any]]
 # The filter of rows still to do: a clause, or a function of the run's parameters.
 Where = ColumnElement[bool] | Callable[[Any], ColumnElement[bool]]
 
 JOB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+CSV_INPUT = "csv"  # RangeJob.input of a CSV job
+
+
+class Visits:
+    """What a job promises about the rows it visits (`RangeJob.visits`)."""
+
+    FILTER = "filter"  # rows matching `where` until they stop matching; the closing round
+    ONCE = "once"  # every row present when the run's plan was made, once; no closing read
+
+    ALL = (FILTER, ONCE)
 
 
 class UnknownJob(InvalidArguments):
@@ -83,6 +109,9 @@ class Context:
 
     `params` is the run's parameters, an instance of the job's `params` dataclass (None if the
     job declares none).
+
+    `run` is the id of the run the partition belongs to; `idempotency_key(row)` is the key an
+    effect outside the database carries so its receiver can drop a retried batch's repeats.
     """
 
     session: Session
@@ -92,6 +121,23 @@ class Context:
     pool: ThreadPoolExecutor | None = None
     span: tuple[int, int] | None = None
     params: Any = None
+    run: int | None = None
+
+    def idempotency_key(self, row: Any) -> str:
+        """`JOB:RUN:KEY` for `row` (a row of the job's table, or its key itself): the same
+        for every retry of the batch within this run (a holder that died, a takeover), a
+        new one in the next run. A receiver that accepts each key once (`SET key NX`, a
+        unique column) applies each row's effect once per run."""
+        if self.run is None:
+            raise RuntimeError(f"range job {self.job.name}: no run, so no idempotency key "
+                               "(start the job: python -m tasks jobs start)")
+        key = getattr(row, self.job.id_column, row)
+        if isinstance(key, dict | list | set):
+            raise TypeError(f"range job {self.job.name}: idempotency_key takes a row of the "
+                            "job's table or a key (a collection's item: pass its key, "
+                            "ctx.idempotency_key(item['id'])), not a "
+                            f"{type(key).__name__}")
+        return f"{self.job.name}:{self.run}:{key}"
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         if self.pool is None:
@@ -115,7 +161,9 @@ class RangeJob:
     name: str
     table: Table
     process: ProcessFn
-    where: Where
+    # The filter of rows still to do (a filter job); for a visit-once job, an optional
+    # selection of the rows to visit.
+    where: Where | None = None
     id_column: str = "id"
     partition_size: int = 2_000_000
     batch_size: int = 1000
@@ -146,12 +194,31 @@ class RangeJob:
     follow: bool = False
     # Run parameters (tasks.ranges.params): a dataclass class; None: the job takes none.
     params: type | None = None
+    # Hooks (tasks.ranges.hooks), run once per run end: a callable, called with the run's
+    # summary, or a Celery signature (a task name, or a signature's dict form) sent with it.
+    on_success: Hook | None = field(default=None, compare=False)
+    on_failure: Hook | None = field(default=None, compare=False)
+    on_cancel: Hook | None = field(default=None, compare=False)
+    # A cron schedule (tasks.ranges.cron, UTC; six fields: seconds first) with its
+    # concurrency policy (skip, replace, queue) and missed-run policy (once, skip); the
+    # leader beat starts its runs, and `jobs schedule` changes it at runtime.
+    schedule: str | None = None
+    schedule_policy: str = "skip"
+    schedule_missed: str = "once"
+    # What the job promises (`Visits`): "filter" (rows matching `where` until processing
+    # makes them stop) or "once" (every row present when the run's plan was made, once).
+    visits: str = Visits.FILTER
+    # Collections (tasks.ranges.collections; made by `csv_job` and `collection_job`, not by
+    # hand): `input="csv"` walks the run's input (the lines of a CSV given at start, stored
+    # in `range_run_input`); `pages` reads a resumable source a page at a time, as one
+    # partition whose checkpoint is the page's cursor.
+    input: str | None = None
+    pages: PagesFn | None = None
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
-        if self.where is None:
-            raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
-                             "is required; see tasks/ranges/jobs.py")
+        self._check_hooks_and_schedule()
+        self._check_visits()
         self._check_params()
         for attr in ("partition_size", "batch_size", "parallelism"):
             if getattr(self, attr) <= 0:
@@ -175,13 +242,60 @@ class RangeJob:
             raise ValueError(f"range job {self.name}: columns must include the id column "
                              f"{self.id_column!r} (the runner keeps its place by it)")
 
+    def _check_hooks_and_schedule(self) -> None:
+        for attr in HOOKS.values():
+            object.__setattr__(self, attr, validate_hook(self.name, attr, getattr(self, attr)))
+        try:
+            if self.schedule is not None:
+                object.__setattr__(self, "schedule", parse_cron(self.schedule).expr)
+            validate_policy(self.schedule_policy)
+            validate_missed(self.schedule_missed)
+        except InvalidArguments as exc:
+            raise ValueError(f"range job {self.name}: {exc}") from None
+
+    def hook_for(self, state: str) -> Any:
+        """The hook of a run that ended in `state` (a callable or a Signature), or None."""
+        attr = HOOKS.get(state)
+        return getattr(self, attr) if attr is not None else None
+
+    def _check_visits(self) -> None:
+        if self.visits not in Visits.ALL:
+            raise ValueError(f"range job {self.name}: visits must be one of "
+                             f"{', '.join(Visits.ALL)}, not {self.visits!r}")
+        if self.where is None and self.visits == Visits.FILTER:
+            raise ValueError(f"range job {self.name}: `where` (the filter of rows still to do) "
+                             "is required, or declare visits=\"once\" for a job that only "
+                             "reads (an export, external effects); see tasks/ranges/jobs.py")
+        if (self.input is not None or self.pages is not None) and self.visits != Visits.ONCE:
+            raise ValueError(f"range job {self.name}: a collection is visited once: make it "
+                             "with tasks.ranges.collections (csv_job, collection_job)")
+        if self.input is not None and (self.input != CSV_INPUT or "run" not in self.table.c):
+            raise ValueError(f"range job {self.name}: input must be {CSV_INPUT!r} over the "
+                             "run-input table (tasks.ranges.collections.csv_job)")
+        if self.follow and self.visits == Visits.ONCE:
+            raise ValueError(f"range job {self.name}: follow=True needs a filter of rows "
+                             "still to do; a visits=\"once\" job visits its plan and ends")
+
+    def run_scope(self, run: int | None) -> ColumnElement[bool] | None:
+        """The rows of run `run` in the job's table: a CSV job's run input (None: the job
+        walks its whole table)."""
+        if self.input != CSV_INPUT:
+            return None
+        return self.table.c.run == (run if run is not None else -1)
+
+    @property
+    def visits_once(self) -> bool:
+        """The job visits each row of its run's plan once (no filter contract, no closing
+        read)."""
+        return self.visits == Visits.ONCE
+
     def _check_params(self) -> None:
         if self.params is not None:
             try:
                 fields_of(self.params)
             except ValueError as exc:
                 raise ValueError(f"range job {self.name}: {exc}") from None
-        if not isinstance(self.where, ClauseElement):
+        if self.where is not None and not isinstance(self.where, ClauseElement):
             if not callable(self.where):
                 raise ValueError(f"range job {self.name}: `where` must be a SQLAlchemy clause "
                                  "or a function of the run's parameters")
@@ -190,7 +304,10 @@ class RangeJob:
                                  "(the dataclass of the run parameters it is called with)")
 
     def filter(self, params: Any = None) -> ColumnElement[bool]:
-        """The filter of rows still to do for a run with parameters `params`."""
+        """The filter of rows still to do for a run with parameters `params` (a visit-once
+        job: its selection, every row without one)."""
+        if self.where is None:
+            return true()
         if isinstance(self.where, ClauseElement):
             return self.where
         found = self.where(params)

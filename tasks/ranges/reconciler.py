@@ -38,6 +38,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import redis
 from sqlalchemy import func, insert, select, update
@@ -45,14 +46,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.ranges.closing import close_run
+from tasks.ranges.collections import COLLECTION_PARTITION
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.ranges.keys import range_schedule_name as schedule_name
-from tasks.ranges.planning import StoredPlan, plan_after
+from tasks.ranges.planning import Partition, StoredPlan, plan_after
 from tasks.ranges.runners import RunnerSlots, new_token
 from tasks.ranges.runs import current_run, enforce
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.visits import mark_planned, plan_once, unplanned_run
 from tasks.ranges.workrow import RANGE_KIND, partitions_of
 from tasks.store.db import affected, utcnow
 
@@ -243,12 +246,10 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
           step: Seam) -> bool:
     """Add the partitions the table's id bounds need; False if the round was overtaken (then
     it wrote nothing)."""
+    if job.visits_once:
+        return _plan_once(sessions, job, term, result, step)
     with sessions() as session:
-        # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
-        # min() or max() from the index but scans the table for both together (60 ms at
-        # 1,000,000 rows). Still one statement, so one snapshot.
-        lo, hi = session.execute(select(select(func.min(job.id_col)).scalar_subquery(),
-                                        select(func.max(job.id_col)).scalar_subquery())).one()
+        lo, hi = _bounds(session, job)
         plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
                                       func.max(WORK.c.part)).where(
             partitions_of(job.name))).one()
@@ -258,15 +259,58 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
     with sessions.begin() as session:
         if not _hold(session, schedule_name(job.name), term):
             return False
-        if missing:
-            # A re-planned job's partitions start at the old plan's highest fence.
-            floor = session.execute(select(SCHEDULES.c.fence_floor).where(
-                SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
-            session.execute(insert(WORK), [
-                {"kind": RANGE_KIND, "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
-                 "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
-                 "rows_done": 0, "rate": 0.0, "crashes": 0} for p in missing])
+        _insert(session, job, missing)
         result.planned = len(missing)
+    return True
+
+
+def _bounds(session: Session, job: RangeJob, run: int | None = None) -> tuple[Any, Any]:
+    """The lowest and highest id of the job's table (of run `run`'s input, for a CSV job)."""
+    # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
+    # min() or max() from the index but scans the table for both together (60 ms at
+    # 1,000,000 rows). Still one statement, so one snapshot.
+    low, high = select(func.min(job.id_col)), select(func.max(job.id_col))
+    scope = job.run_scope(run)
+    if scope is not None:
+        low, high = low.where(scope), high.where(scope)
+    lo, hi = session.execute(select(low.scalar_subquery(), high.scalar_subquery())).one()
+    return lo, hi
+
+
+def _insert(session: Session, job: RangeJob, parts: list[Partition]) -> None:
+    """Store `parts` as pending partitions of `job` (in the round's transaction)."""
+    if not parts:
+        return
+    # A re-planned job's partitions start at the old plan's highest fence.
+    floor = session.execute(select(SCHEDULES.c.fence_floor).where(
+        SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
+    session.execute(insert(WORK), [
+        {"kind": RANGE_KIND, "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
+         "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
+         "rows_done": 0, "rate": 0.0, "crashes": 0} for p in parts])
+
+
+def _plan_once(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
+               step: Seam) -> bool:
+    """A visit-once job's plan (`tasks.ranges.visits`): made once per run, from one bounds
+    read, by the first round of the run; later rounds add nothing (rows inserted above the
+    plan's upper bound belong to the next run)."""
+    began = utcnow()
+    with sessions() as session:
+        run = unplanned_run(session, job.name)
+        if run is None:
+            return True
+        lo, hi = _bounds(session, job, run) if job.pages is None else (None, None)
+    step("read")
+    # A custom collection is one partition, whose place is its cursor.
+    parts = [COLLECTION_PARTITION] if job.pages is not None else plan_once(
+        lo, hi, job.partition_size)
+    with sessions.begin() as session:
+        if not _hold(session, schedule_name(job.name), term):
+            return False
+        if mark_planned(session, run, began):
+            _insert(session, job, parts)
+            result.planned = len(parts)
     return True
 
 

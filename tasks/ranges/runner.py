@@ -33,6 +33,7 @@ from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
 from tasks.observe.logs import bind
 from tasks.observe.metrics import record
 from tasks.ranges.batches import Batches
+from tasks.ranges.collections import PageBatches
 from tasks.ranges.gate import ADOPT, Gate
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import OUTAGE_TTL, range_outage_key
@@ -50,6 +51,12 @@ __all__ = ["PartitionRunner", "Outcome", "Progress", "UnknownPartition", "Fenced
 
 log = logging.getLogger("tasks.ranges")
 
+# A partition's fence counter in Redis (`fence:{range:JOB:PART}`) expires this long after its
+# last acquire, so a finished job's 100,000 partitions do not keep 100,000 keys for ever. The
+# work row's fence is the floor of every acquire (what keeps fences rising after FLUSHALL), so a
+# counter that expired starts above every fence a holder ever wrote.
+FENCE_TTL_S = 86_400.0
+
 T = TypeVar("T")
 # A test seam: called with the name of a step of the run ("keyset-done") as it passes it.
 Seam = Callable[[str], None]
@@ -57,6 +64,17 @@ Seam = Callable[[str], None]
 
 class ShutdownFlag(Protocol):
     def is_set(self) -> bool: ...
+
+
+class Steps(Protocol):
+    """The batches of one run of a partition: a table's keyset pass (`Batches`) or a custom
+    collection's pages (`PageBatches`)."""
+
+    rows_done: int
+    started: float
+    partition: Partition
+
+    def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str: ...
 
 
 class PartitionRunner:
@@ -96,7 +114,7 @@ class PartitionRunner:
         self.retry_delays, self.clock = retry_delays, clock
         self.crash_cap = crash_cap
         self.seam = seam or (lambda _step: None)
-        self.batches: Batches | None = None
+        self.batches: Steps | None = None
         self.may_adopt = may_adopt
         self.adopted: int | None = None
 
@@ -114,7 +132,7 @@ class PartitionRunner:
             return Outcome.PAUSED
         try:
             lease = self.leases.acquire(self.job.lease_name(self.part), ttl=self.lease_ttl,
-                                        fence_floor=row.fence)
+                                        fence_floor=row.fence, fence_ttl=FENCE_TTL_S)
         except NotAcquired:
             return Outcome.BUSY
         except (RedisError, OSError) as exc:
@@ -163,18 +181,21 @@ class PartitionRunner:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
 
-    def _batches(self, claimed: Any) -> Batches:
+    def _batches(self, claimed: Any) -> Steps:
         """The batches of this run from the claimed row, with the parameters of the job's
         run (`ctx.params`, and the filter when it is a function of them)."""
         params = None
         if self.job.params is not None:
             with self.row.sessions() as session:
                 params = self.job.params_of(stored_params(session, self.job.name))
-        return Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
-                       next_id=claimed.next_id, clock=self.clock, lease_ttl=self.lease_ttl,
-                       params=params)
+        partition = Partition(self.part, claimed.lo, claimed.hi)
+        if self.job.pages is not None:  # a custom collection: its place is its cursor
+            return PageBatches(self.row, partition, cursor=claimed.collection_cursor,
+                               clock=self.clock, params=params, run=claimed.run)
+        return Batches(self.row, partition, next_id=claimed.next_id, clock=self.clock,
+                       lease_ttl=self.lease_ttl, params=params, run=claimed.run)
 
-    def _loop(self, lease: Lease, batches: Batches, pool: ThreadPoolExecutor | None) -> str:
+    def _loop(self, lease: Lease, batches: Steps, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""
         gate = Gate(self.leases.client, self.job, self.lease_ttl, may_adopt=self.may_adopt,
                     part=self.part,
@@ -273,7 +294,7 @@ class PartitionRunner:
                 lease.check()
         raise AssertionError("unreachable")
 
-    def _report(self, batches: Batches, checkpoint: int) -> None:
+    def _report(self, batches: Steps, checkpoint: int) -> None:
         if self.on_progress is not None:
             rate = batches.rows_done / max(self.clock() - batches.started, 1e-6)
             self.on_progress(Progress(self.job.name, self.part, checkpoint, batches.partition.hi,

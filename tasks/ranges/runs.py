@@ -30,9 +30,9 @@ from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import park_idle, partitions_of
 from tasks.store.db import WRITE_INTENT, affected, utcnow
 
-__all__ = ["Run", "Event", "current_run", "runs_of", "run_numbered", "events_of", "record",
-           "open_run", "change_state", "run_rows", "run_counts", "write_flags", "enforce",
-           "RECONCILER", "writing", "park_unleased", "statuses", "stored_params"]
+__all__ = ["Run", "Event", "current_run", "run_of", "runs_of", "run_numbered", "events_of",
+           "record", "open_run", "change_state", "run_rows", "run_counts", "write_flags",
+           "enforce", "RECONCILER", "writing", "park_unleased", "statuses", "stored_params"]
 
 RECONCILER = "reconciler"  # the actor of the events the reconciler records
 
@@ -135,6 +135,13 @@ def current_run(sessions: sessionmaker[Session], job: str) -> Run | None:
         return _run(session, row) if row is not None else None
 
 
+def run_of(sessions: sessionmaker[Session], run_id: int) -> Run | None:
+    """The run `run_id` (None if there is none)."""
+    with sessions() as session:
+        row = session.execute(select(RANGE_RUNS).where(RANGE_RUNS.c.id == run_id)).first()
+        return _run(session, row) if row is not None else None
+
+
 def runs_of(sessions: sessionmaker[Session], job: str, limit: int = 20) -> list[Run]:
     """The job's latest `limit` runs, newest first."""
     with sessions() as session:
@@ -205,6 +212,8 @@ def change_state(session: Session, run: Run, to: str, **values: Any) -> bool:
     if to in RunState.ENDED:
         done, skipped = run_counts(session, run.job)
         values.update(finished_at=utcnow(), rows=done - run.rows_base, skipped=skipped)
+        # The hooks' outbox (tasks.ranges.hooks): the end's hook is owed from this commit.
+        values.update(hook=to, hook_task=None, hook_sent_at=None)
     elif to in RunState.LIVE:
         values.setdefault("finished_at", None)
     return affected(session.execute(update(RANGE_RUNS).where(

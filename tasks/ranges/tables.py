@@ -2,8 +2,11 @@
 
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
+    range_job_schedules             range jobs' cron schedules (tasks.ranges.timetable)
+    range_run_input                 a collection job's run input (the lines of its CSV)
 
-Migrations 0001, 0005, 0011, 0012, 0013 and 0015 create them, never `create_all`.
+Migrations 0001, 0005, 0011, 0012, 0013, 0016, 0018 and 0015 create them, never
+`create_all`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from tasks.store.db import utcnow
 from tasks.store.models import Base
 
 __all__ = ["PartitionStatus", "WorkItem", "Schedule", "RunState", "RangeRun", "RangeRunEvent",
-           "WORK", "SCHEDULES", "RANGE_RUNS", "RANGE_RUN_EVENTS"]
+           "JobSchedule", "RangeRunInput", "WORK", "SCHEDULES", "RANGE_RUNS",
+           "RANGE_RUN_EVENTS", "JOB_SCHEDULES", "RUN_INPUT"]
 
 
 class PartitionStatus:
@@ -84,6 +88,9 @@ class WorkItem(Base):
     # Rows of the current run its skip policy quarantined and no retry took back, counted in
     # the batch's transaction like `rows_done` (migration 0015).
     rows_skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # A custom collection's place (tasks.ranges.collections): the cursor after the last page
+    # committed, JSON text; None: from the start (migration 0018).
+    collection_cursor: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Schedule(Base):
@@ -155,6 +162,16 @@ class RangeRun(Base):
     number: Mapped[int | None] = mapped_column(Integer, nullable=True)
     started_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
     skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The hooks' outbox (tasks.ranges.hooks; migration 0016): the end state whose hook is
+    # owed, set in the transaction that ends the run and cleared when the hook ran (or
+    # failed for good); the task id of the hook message that owns it, and when it was sent
+    # or last tried (a message lost for RANGE_HOOK_RESEND seconds is sent again).
+    hook: Mapped[str | None] = mapped_column(String(16), nullable=True, index=True)
+    hook_task: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    hook_sent_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # When the plan of a visit-once job's run was made (its bounds read), once per run; None
+    # until then, and for filter jobs (tasks.ranges.visits; migration 0018).
+    planned_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class RangeRunEvent(Base):
@@ -175,8 +192,51 @@ class RangeRunEvent(Base):
     at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class JobSchedule(Base):
+    """A range job's cron schedule (tasks.ranges.timetable; migration 0016).
+
+    `cron` None: cleared at runtime (a schedule declared in code stays off until set again).
+    `source`: "code" (seeded from `RangeJob.schedule`, follows the code when it changes) or
+    "runtime" (set with `jobs schedule`, kept across deploys). Each fire is a compare-and-set
+    on `term`, in the transaction that opens the run it starts, so two beats (or two ticks)
+    fire one due time once. `queued_due_at`: the due time of the one run the `queue` policy
+    holds until the live run ends.
+    """
+
+    __tablename__ = "range_job_schedules"
+
+    job: Mapped[str] = mapped_column(String(128), primary_key=True)
+    cron: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    policy: Mapped[str] = mapped_column(String(16), default="skip")
+    missed: Mapped[str] = mapped_column(String(16), default="once")
+    source: Mapped[str] = mapped_column(String(16), default="runtime")
+    term: Mapped[int] = mapped_column(BigInteger, default=0)
+    next_due_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    queued_due_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    last_due_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    last_outcome: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    fired: Mapped[int] = mapped_column(BigInteger, default=0)
+    skipped: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RangeRunInput(Base):
+    """The input of a CSV job's run (tasks.ranges.collections): one row per CSV record, its
+    `line` the record's number (1: the first after the header) and `payload` its fields as a
+    JSON object keyed by the header. Written in the start's transaction, read by every
+    worker; a run's input is deleted by the job's next start (migration 0018)."""
+
+    __tablename__ = "range_run_input"
+
+    run: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    payload: Mapped[str] = mapped_column(Text)
+
+
 # The tables, for compare-and-set UPDATEs and bulk reads.
 WORK = cast(Table, WorkItem.__table__)
 SCHEDULES = cast(Table, Schedule.__table__)
 RANGE_RUNS = cast(Table, RangeRun.__table__)
 RANGE_RUN_EVENTS = cast(Table, RangeRunEvent.__table__)
+JOB_SCHEDULES = cast(Table, JobSchedule.__table__)
+RUN_INPUT = cast(Table, RangeRunInput.__table__)

@@ -1,6 +1,7 @@
-"""Celery tasks of range jobs: `start`, `reconcile` (beat), `run_partition`, and the controls
+"""Celery tasks of range jobs: `start`, `reconcile` (beat), `run_partition`, the controls
 `pause`, `resume`, `cancel`, `retry_failed`, `retry_skipped`, `throttle`
-(`tasks.ranges.controls`).
+(`tasks.ranges.controls`), `schedules` (beat: the jobs' cron schedules,
+`tasks.ranges.timetable`) and `hook` (a run end's hook, `tasks.ranges.outbox`).
 
     celery -A tasks call tasks.ranges.start --args '["cm_data"]'
     celery -A tasks call tasks.ranges.start --kwargs '{"job": "backfill", "params": {"tenant": 42}}'
@@ -26,9 +27,10 @@ from sqlalchemy.exc import OperationalError
 
 from tasks.celery import app, settings
 from tasks.ranges.closing import nothing_open
-from tasks.ranges.controls import Controls
+from tasks.ranges.controls import Controls, Then
 from tasks.ranges.jobs import get_job, registered_jobs, validate_job_name, validate_part
 from tasks.ranges.keeper import RunnerKeeper
+from tasks.ranges.outbox import Again, deliver, run_hook
 from tasks.ranges.poolexit import PartitionRequest, PoolWatch, holder_name
 from tasks.ranges.pull import Pull, Pulled
 from tasks.ranges.reconciler import (
@@ -42,12 +44,14 @@ from tasks.ranges.reconciler import (
 from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.ranges.runners import RunnerSlots, new_token, validate_token
 from tasks.ranges.settings import range_settings
+from tasks.ranges.timetable import tick
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments
 from tasks.worker.lifecycle import shutdown_requested
 
 __all__ = ["start", "reconcile", "run_partition", "PROGRESS", "pause", "resume", "cancel",
-           "retry_failed", "retry_skipped", "throttle", "controls", "start_job"]
+           "retry_failed", "retry_skipped", "throttle", "controls", "start_job", "hook",
+           "schedules"]
 
 # Custom task state shown by Flower while a partition runs.
 PROGRESS = "PROGRESS"
@@ -107,14 +111,17 @@ def _actor(task: Task) -> str:
     return f"task:{task.request.id}" if task.request.id else "task:eager"
 
 
-def start_job(job: str, actor: str, params: object = None) -> dict[str, Any]:
+def start_job(job: str, actor: str, params: object = None,
+              then: Then | None = None, records: list[str] | None = None) -> dict[str, Any]:
     """Start range job `job` with run parameters `params` (a mapping of names to values, or
-    None; a new run unless one is live; a paused run is refused): check the parameters, open
-    the run, activate the job and reset its failed partitions in one transaction, then
-    reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too."""
+    None; a new run unless one is live; a paused run is refused) and, for a CSV job, its
+    input `records` (`tasks.ranges.collections.read_csv`): check them, open the run (its
+    input stored), activate the job and reset its failed partitions in one transaction, then
+    reconcile now (or, if Redis is away, at beat's next round). The CLI's `jobs start` too,
+    and a schedule's fire, whose `then` commits with the run (`Controls.start`)."""
     found = get_job(job)
     control = controls()
-    opened = control.start(found.name, actor, params)
+    opened = control.start(found.name, actor, params, then=then, records=records)
     report = {"job": found.name, **control.kick_quietly(found.name)}
     deferred = [r["deferred"] for r in (opened, report) if "deferred" in r]
     report.update(**opened)
@@ -123,57 +130,104 @@ def start_job(job: str, actor: str, params: object = None) -> dict[str, Any]:
     return report
 
 
-@app.task(name="tasks.ranges.start", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.start", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def start(self: Task, job: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start range job `job` with run parameters `params`: see `start_job`."""
     return start_job(job, _actor(self), params)
 
 
-@app.task(name="tasks.ranges.pause", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.pause", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def pause(self: Task, job: str) -> dict[str, Any]:
     """Pause `job`: each running partition commits its batch, releases its lease, is paused."""
     return controls().pause(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.resume", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.resume", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def resume(self: Task, job: str) -> dict[str, Any]:
     """Resume a paused `job`: its paused partitions are dispatched at once."""
     return controls().resume(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.cancel", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.cancel", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def cancel(self: Task, job: str) -> dict[str, Any]:
     """Cancel `job`'s run (pause, and the run ends); `start` begins a new run afterwards."""
     return controls().cancel(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.retry_failed", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.retry_failed", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def retry_failed(self: Task, job: str) -> dict[str, Any]:
     """Failed partitions of `job` go back to pending, keeping their checkpoints."""
     return controls().retry_failed(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.retry_skipped", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.retry_skipped", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def retry_skipped(self: Task, job: str) -> dict[str, Any]:
     """The rows `job`'s latest run quarantined run again, each once (tasks.ranges.retries)."""
     return controls().retry_skipped(job, _actor(self))
 
 
-@app.task(name="tasks.ranges.throttle", bind=True, throws=(InvalidArguments,))
+@app.task(name="tasks.ranges.throttle", bind=True, throws=(InvalidArguments,),
+          control_plane=True)
 def throttle(self: Task, job: str, rows_per_s: float) -> dict[str, Any]:
     """Cap `job` at `rows_per_s` rows per second over all its partitions (0 lifts the cap)."""
     return controls().throttle(job, rows_per_s, _actor(self))
 
 
-@app.task(name="tasks.ranges.reconcile")
+@app.task(name="tasks.ranges.reconcile", control_plane=True)
 def reconcile() -> list[dict[str, Any]]:
-    """One reconcile round for every active job (beat emits this every few seconds)."""
+    """One reconcile round for every active job (beat emits this every few seconds), then
+    the hooks of runs that ended are sent (`tasks.ranges.outbox`)."""
     jobs = registered_jobs()
     known = {job.name for job in jobs}
     sessions = resources_for(settings).sessions
     repair_inactive(sessions, jobs)
     names = [name for name in active_jobs(sessions) if name in known]
-    return [_report(_round(name)) for name in names]
+    rounds = [_report(_round(name)) for name in names]
+    deliver(sessions, _send_hook, range_settings(settings).hook_resend, _declared)
+    return rounds
+
+
+def _declared(job: str, state: str) -> bool:
+    """Whether `job` (registered here) declares a hook for a run that ended in `state`."""
+    return job in {j.name for j in registered_jobs()} and get_job(job).hook_for(state) is not None
+
+
+def _send_hook(run_id: int, state: str, task_id: str) -> None:
+    hook.apply_async((run_id, state), task_id=task_id)
+
+
+@app.task(name="tasks.ranges.hook", bind=True, acks_late=True, max_retries=None)
+def hook(self: Task, run_id: int, state: str) -> dict[str, Any]:
+    """Run the hook of run `run_id`, which ended in `state`, if this message owns it (a
+    duplicate, or one sent again, does nothing); retried with HOOK_RETRY when it raises
+    (`tasks.ranges.outbox.run_hook`)."""
+    try:
+        return run_hook(resources_for(settings).sessions, app, _hook_of, int(run_id),
+                        str(state), self.request.id or "", self.request.retries)
+    except Again as again:
+        raise self.retry(exc=again.__cause__, countdown=again.countdown) from again.__cause__
+
+
+def _hook_of(job: str, state: str) -> Any:
+    return get_job(job).hook_for(state)
+
+
+@app.task(name="tasks.ranges.schedules", control_plane=True)
+def schedules() -> list[dict[str, Any]]:
+    """Fire the jobs' due cron schedules (the leader beat emits this every
+    RANGE_SCHEDULE_TICK seconds; `tasks.ranges.timetable`)."""
+    res = resources_for(settings)
+    fires = tick(res.sessions, registered_jobs(),
+                 start=lambda job, actor, then: start_job(job, actor, None, then),
+                 cancel=lambda job, actor: controls().cancel(job, actor),
+                 grace=range_settings(settings).schedule_grace)
+    return [fire.as_dict() for fire in fires]
 
 
 def _close_if_last(job: str) -> None:

@@ -22,7 +22,9 @@ WING = Wing(
     routes=(Route("tasks.ranges.run_partition", lambda s: range_settings(s).queue),
             Route("tasks.ranges.*", lambda s: s.control_queue)),
     beat=(BeatEntry("reconcile-range-jobs", "tasks.ranges.reconcile",
-                    lambda s: s.reconcile_interval),),
+                    lambda s: s.reconcile_interval),
+          BeatEntry("range-schedules", "tasks.ranges.schedules",
+                    lambda s: range_settings(s).schedule_tick)),
     series=RangeSeries,
     state="tasks.ranges.metrics:collect",
     dead_letter_kinds=(DeadLetterKind(

@@ -7,9 +7,10 @@ one overtook writes nothing (`FencedOut`).
 
 A batch's own writes are here too, in the batch's transaction: `checkpoint` (its first write,
 the guard: it moves the checkpoint and the counts), `move_on` (the checkpoint past the rest of
-a batch read `fetch_size` rows at a time), `uncount` (rows a skip policy quarantined), and
-`park_idle` parks a partition nobody holds, fenced by the fence it was seen with, and
-`hand_back_dead` hands back the partitions of a pool process that died (`tasks.ranges.poolexit`).
+a batch read `fetch_size` rows at a time), `move_cursor` (a custom collection's guard),
+`uncount` (rows a skip policy quarantined), and `park_idle` parks a partition nobody holds,
+fenced by the fence it was seen with, and `hand_back_dead` hands back the partitions of a
+pool process that died (`tasks.ranges.poolexit`).
 
 Poison partitions: a claim that finds the row still `running` takes over from a holder that
 never released it (its process died, or it lost the lease or the database). `crashes` counts
@@ -23,7 +24,17 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Update, and_, bindparam, case, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Update,
+    and_,
+    bindparam,
+    case,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,7 +42,7 @@ from tasks.deadletters.store import DeadLetters
 from tasks.ranges.failures import record_failure, traceback_of
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.outcomes import FencedOut, UnknownPartition
-from tasks.ranges.tables import WORK
+from tasks.ranges.tables import RANGE_RUNS, WORK
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.store.db import affected, utcnow
 
@@ -84,10 +95,11 @@ class WorkRow:
         return row
 
     def claim(self, fence: int, *, outage_fence: int | None = None) -> Any:
-        """Take the open row for the holder of `fence`: its bounds, checkpoint and counts, or
-        None if a holder with a newer fence claimed it first or it is finished. A row still
-        `running` counts a crash of its holder, unless that holder's fence is `outage_fence`
-        (it stopped for a database outage and could not say so in the row)."""
+        """Take the open row for the holder of `fence`: its bounds, checkpoint, counts and
+        `run` (the id of the job's latest run; None: none), or None if a holder with a newer
+        fence claimed it first or it is finished. A row still `running` counts a crash of
+        its holder, unless that holder's fence is `outage_fence` (it stopped for a database
+        outage and could not say so in the row)."""
         now = utcnow()
         crashed = WORK.c.status == S.RUNNING
         if outage_fence is not None:
@@ -110,9 +122,14 @@ class WorkRow:
             ))
             if claimed != 1:
                 return None
+            # The run the partition belongs to, read under the claim's row lock: a new run
+            # that re-plans the job deletes this row, so it cannot commit in between.
+            run = (select(func.max(RANGE_RUNS.c.id)).where(RANGE_RUNS.c.job == self.job.name)
+                   .scalar_subquery())
             return session.execute(
                 select(WORK.c.id, WORK.c.lo, WORK.c.hi, WORK.c.next_id, WORK.c.crashes,
-                       WORK.c.claims).where(*self._where)
+                       WORK.c.claims, WORK.c.collection_cursor, run.label("run"))
+                .where(*self._where)
             ).one()
 
     def guard(self, fence: int) -> Update:
@@ -136,6 +153,17 @@ class WorkRow:
         batch (its later `fetch_size` reads). `FencedOut` if a newer holder owns the row."""
         moved = affected(conn.execute(self.guard(fence).values(
             next_id=checkpoint, rows_done=WORK.c.rows_done + rows)))
+        if moved != 1:
+            raise FencedOut()
+
+    def move_cursor(self, conn: Connection, fence: int, cursor: str | None, rows: int,
+                    rows_per_s: float) -> None:
+        """A custom collection's guard (`tasks.ranges.collections`): its cursor moves to
+        `cursor` (JSON text) past `rows` more items, in the page's transaction on `conn`.
+        `FencedOut` if the holder of `fence` no longer owns the row."""
+        moved = affected(conn.execute(self.guard(fence).values(
+            collection_cursor=cursor, rows_done=WORK.c.rows_done + rows, heartbeat_at=utcnow(),
+            rate=rows_per_s, crashes=0, throttled_until=None)))
         if moved != 1:
             raise FencedOut()
 

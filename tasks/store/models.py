@@ -2,7 +2,8 @@
 
 Each table lives with its owner and registers itself here when its module is imported:
 
-    work_items, schedules, range_runs, range_run_events    tasks.ranges.tables
+    work_items, schedules, range_runs, range_run_events,   tasks.ranges.tables
+    range_run_input
     skus, orders, order_items, payments, restock_nodes      tasks.restock.tables
     rollback_journal, rollback_owners                      tasks.rollback.tables
     dead_letters                                           tasks.deadletters.tables

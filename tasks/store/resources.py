@@ -66,7 +66,8 @@ class Resources:
         with self._lock:
             if self._engine is None:
                 self._engine = make_engine(self.settings.database_url,
-                                           idle_timeout=self.settings.lease_ttl)
+                                           idle_timeout=self.settings.lease_ttl,
+                                           schema=self.settings.database_schema)
             return self._engine
 
     @property
@@ -98,7 +99,8 @@ class Resources:
         self._shared = {}
 
 
-def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> Engine:
+def make_engine(url: str, idle_timeout: float | None = None, schema: str | None = None,
+                **kwargs: Any) -> Engine:
     """Create an engine that behaves the same on SQLite, PostgreSQL and MariaDB.
 
     `idle_timeout` (seconds; the lease TTL for workers) makes the server end a session whose
@@ -107,35 +109,11 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
     sleeps. Its lease is gone by then anyway, so its batch must roll back.
     """
     if url.startswith("sqlite"):
-        # sqlalchemy.create_engine looked up at each call: tracing may have instrumented it.
-        engine = sqlalchemy.create_engine(url, connect_args={"timeout": 30}, **kwargs)
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
-            # Let SQLAlchemy, not the driver, decide where transactions begin (see below).
-            dbapi_conn.isolation_level = None
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def _begin(conn: Any) -> None:
-            # SQLAlchemy, not the driver, starts transactions. A transaction that will read
-            # and then write (WRITE_INTENT) takes the write lock up front, so it waits for it
-            # (busy_timeout) instead of failing with SQLITE_BUSY after its read; every other
-            # transaction starts deferred, so readers never wait under WAL.
-            options = conn.get_execution_options()
-            if options.get("isolation_level") == "AUTOCOMMIT":
-                return
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("write_intent") else "BEGIN")
-
-        return engine
-    if idle_timeout is not None and url.startswith("postgresql"):
-        millis = max(int(idle_timeout * 1000), 1000)
-        kwargs.setdefault("connect_args", {})["options"] = (
-            f"-c idle_in_transaction_session_timeout={millis} -c lock_timeout={2 * millis}")
+        return _sqlite_engine(url, **kwargs)
+    if url.startswith("postgresql"):
+        options = _pg_options(url, idle_timeout, schema)
+        if options:
+            kwargs.setdefault("connect_args", {})["options"] = options
     engine = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_recycle=1800, **kwargs)
     if idle_timeout is not None and engine.dialect.name in ("mysql", "mariadb"):
         seconds = max(math.ceil(idle_timeout), 1)
@@ -148,6 +126,49 @@ def make_engine(url: str, idle_timeout: float | None = None, **kwargs: Any) -> E
             cursor.close()
 
     return engine
+
+
+def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
+    """A SQLite engine: WAL, and transactions begun by SQLAlchemy (write intent: IMMEDIATE)."""
+    # sqlalchemy.create_engine looked up at each call: tracing may have instrumented it.
+    engine = sqlalchemy.create_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
+        # Let SQLAlchemy, not the driver, decide where transactions begin (see below).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        # SQLAlchemy, not the driver, starts transactions. A transaction that will read
+        # and then write (WRITE_INTENT) takes the write lock up front, so it waits for it
+        # (busy_timeout) instead of failing with SQLITE_BUSY after its read; every other
+        # transaction starts deferred, so readers never wait under WAL.
+        options = conn.get_execution_options()
+        if options.get("isolation_level") == "AUTOCOMMIT":
+            return
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("write_intent") else "BEGIN")
+
+    return engine
+
+
+def _pg_options(url: str, idle_timeout: float | None, schema: str | None) -> str:
+    """PostgreSQL's startup `options`: the URL's own (`?options=-csearch_path%3Dapp`) kept,
+    then the schema (DATABASE_SCHEMA) first on the search path, then the timeouts."""
+    given = sqlalchemy.engine.make_url(url).query.get("options")
+    found = [given] if isinstance(given, str) else list(given or ())
+    if schema is not None:
+        found.append(f"-c search_path={schema}")
+    if idle_timeout is not None:
+        millis = max(int(idle_timeout * 1000), 1000)
+        found.append(f"-c idle_in_transaction_session_timeout={millis} "
+                     f"-c lock_timeout={2 * millis}")
+    return " ".join(found)
 
 
 _registry: dict[Settings, Resources] = {}

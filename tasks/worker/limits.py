@@ -52,7 +52,8 @@ from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments, quote
 
 __all__ = ["MessageTooLarge", "InflatesTooLarge", "UnboundedCompression", "LimitedAMQP",
-           "strategy", "OVERSIZED_KIND", "check_size", "inflate_bounded", "bounded_backend",
+           "strategy", "refuse_oversized", "OVERSIZED_KIND", "check_size", "inflate_bounded",
+           "bounded_backend",
            "RESULT_TEXT_LIMIT", "BoundedLines", "LOG_LINE_LIMIT", "bound_log_handlers"]
 
 log = logging.getLogger("tasks.worker.limits")
@@ -207,18 +208,26 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
 
     def task_message_handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any,
                              **more: Any) -> Any:
-        raw = message.body
-        size = len(raw) if isinstance(raw, bytes | str) else 0
-        if limit and size > limit:
-            prefix = raw[:64]
-            try:
-                check_size(task.name, size, limit, prefix)
-            except MessageTooLarge as exc:
-                _refuse(task.name, task.backend, app, message, exc, {"bytes": size})
+        if refuse_oversized(task, app, message, limit):
             return None
         return handler(message, body, ack, reject, callbacks, **more)
 
     return task_message_handler
+
+
+def refuse_oversized(task: Any, app: Any, message: Any, limit: int | None = None) -> bool:
+    """Refuse `message` of `task` (log, dead letter, failure, ack) if it is larger than
+    MAX_MESSAGE_BYTES; whether it was refused. `limit`: the app's, when the caller has it."""
+    limit = _limit(app) if limit is None else limit
+    raw = message.body
+    size = len(raw) if isinstance(raw, bytes | str) else 0
+    if not limit or size <= limit:
+        return False
+    try:
+        check_size(task.name, size, limit, raw[:64])
+    except MessageTooLarge as exc:
+        _refuse(task.name, task.backend, app, message, exc, {"bytes": size})
+    return True
 
 
 def _refuse(name: str, backend: Any, app: Any, message: Any, error: MessageTooLarge,

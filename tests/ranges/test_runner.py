@@ -17,10 +17,17 @@ from bench.cm_data import cm_data, mark_processed
 from examples.seed import seed_cm_data
 from examples.tables import CM_DATA
 from lease import Leases
+from lease.keys import fence_key
 from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
-from tasks.ranges.runner import FencedOut, Outcome, PartitionRunner, UnknownPartition
+from tasks.ranges.runner import (
+    FENCE_TTL_S,
+    FencedOut,
+    Outcome,
+    PartitionRunner,
+    UnknownPartition,
+)
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.tables import WorkItem
 
@@ -201,6 +208,28 @@ def test_a_lost_fence_counter_never_hands_out_an_old_fence(
     assert runner(job, 0, sessions, leases).run() == Outcome.DONE
     assert work(engine, 0).fence > stored
     assert counts(engine) == {1: 300}
+
+
+def test_a_partitions_fence_counter_expires_a_day_after_its_last_acquire(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
+) -> None:
+    seed_cm_data(engine, 300)
+    job = small(batch_size=100)
+    plan(sessions, redis_client, job)
+    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    counter = fence_key(job.lease_name(0))
+    assert int(redis_client.get(counter) or 0) == work(engine, 0).fence
+    assert 0 < redis_client.ttl(counter) <= FENCE_TTL_S  # not kept for ever
+    redis_client.delete(counter)  # expired: the next holder starts above the stored fence
+    stored = work(engine, 0).fence
+    with engine.begin() as conn:
+        conn.execute(update(DATA).values(status=0))
+    redis_client.delete(*redis_client.keys("lease:*") or ["-"])
+    activate(sessions, job)
+    with engine.begin() as conn:
+        conn.execute(update(WORK).where(WORK.c.part == 0).values(status=S.PENDING))
+    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert work(engine, 0).fence > stored
 
 
 def test_reconcile_plans_new_partitions_and_the_closing_read_reopens_grown_ones(

@@ -4,14 +4,14 @@
 their numbers in id order per job and their starter from their first `start` event.
 
 Revision ID: 0015
-Revises: 0014
+Revises: 0018
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0014"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 
