@@ -16,7 +16,10 @@ send, or while the hook runs, the message (or its absence) is found again once `
 is RANGE_HOOK_RESEND seconds old, and sent again under a new task id, which also retires the
 old one. So the message is delivered at least once and the hook *completes* once; a hook
 whose own effect landed just before its worker died (before t2 committed) runs again. Its
-summary carries the run id: a hook with an effect outside this database keys it by run id.
+summary carries the run's global id (`id`) and its number in the job (`run`): a hook with an
+effect outside this database keys it by either (with the job, for the number). A run that a
+retry (`retry-failed`, `retry-skipped`) sets running again owes a hook again when it ends
+again.
 """
 
 from __future__ import annotations

@@ -226,12 +226,16 @@ def test_skipped_rows_are_counted_and_each_retried_once(
     assert (run.rows, run.skipped) == (2000, 0)
     assert events(engine, "cm_skippy").count("retry-skipped") == 2
     # Nothing left to retry, and bad input: one line, exit 1, nothing changed.
-    before = (runs(engine, "cm_skippy"), skip_letters(engine))
+    def unchanged() -> Any:  # the run's own columns (the hooks' outbox moves on its own)
+        return ([(r.state, r.rows, r.skipped, r.number, r.finished_at)
+                 for r in runs(engine, "cm_skippy")], skip_letters(engine))
+
+    before = unchanged()
     refused(jobs_cli(cluster, "retry-skipped", "cm_skippy"), "run 1 has no skipped rows")
     refused(cli(cluster, "deadletters", "replay", str(letters[-1].id)), "already replayed")
     refused(jobs_cli(cluster, "retry-skipped", "no_such_job"), "unknown range job")
     refused(jobs_cli(cluster, "run", "cm_skippy", "2"), "cm_skippy has no run 2")
-    assert (runs(engine, "cm_skippy"), skip_letters(engine)) == before
+    assert unchanged() == before
     assert processed(engine) == cluster_rows
 
 
