@@ -17,7 +17,10 @@ A retry takes the row out of quarantine and lets the run's normal path process i
     checkpoint, once. A row that no longer matches the filter is not read at all. A row that
     fails again is quarantined again (a new letter, counted skipped again). A partition that
     is running or pending keeps its pass; the run's closing round finds the row and reopens
-    it. After a cancelled run the next `start` takes the row (it is no longer quarantined).
+    it. A failed partition stays failed: `retry-failed` runs it again, and the row with it
+    (or, below its checkpoint, through the closing round). After a cancelled run the next
+    `start` takes the row (it is no longer quarantined). A letter of an older run counts off
+    that run's skipped rows, and its row runs in the job's latest run.
 """
 
 from __future__ import annotations
@@ -153,14 +156,13 @@ def _retry(session: Session, run: Run | None, rows: list[Skipped], actor: str) -
     to = S.PAUSED if run.state == RunState.PAUSED else S.PENDING
     for r in claimed:
         holding = (partitions_of(job), WORK.c.lo <= r.row_id, WORK.c.hi >= r.row_id)
-        if r.run == run.id:
-            if cancelled:  # its counts are on the run row already
-                session.execute(update(RANGE_RUNS).where(
-                    RANGE_RUNS.c.id == run.id, RANGE_RUNS.c.skipped > 0)
-                    .values(skipped=RANGE_RUNS.c.skipped - 1))
-            else:
-                session.execute(update(WORK).where(*holding, WORK.c.rows_skipped > 0)
-                                .values(rows_skipped=WORK.c.rows_skipped - 1))
+        if r.run == run.id and not cancelled:  # counted on its partition while it is live
+            session.execute(update(WORK).where(*holding, WORK.c.rows_skipped > 0)
+                            .values(rows_skipped=WORK.c.rows_skipped - 1))
+        elif r.run is not None:  # an ended run's count is on its row
+            session.execute(update(RANGE_RUNS).where(
+                RANGE_RUNS.c.id == r.run, RANGE_RUNS.c.skipped > 0)
+                .values(skipped=RANGE_RUNS.c.skipped - 1))
         if not cancelled:
             session.execute(update(WORK).where(*holding, WORK.c.status.in_((S.DONE, S.EMPTY)))
                             .values(status=to, next_id=WORK.c.lo, finished_at=None,
