@@ -27,7 +27,7 @@ from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.ranges.controls import Controls
 from tasks.ranges.runs import runs_of
 from tasks.ranges.skips import SKIP_KIND
-from tasks.ranges.tables import RANGE_RUNS, RunState
+from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, RunState
 from tasks.store.db import utcnow
 from tests.ranges.cluster import DATA, Platform
 from tests.ranges.control_support import control_platform, events, jobs_cli, runs
@@ -307,3 +307,45 @@ def test_migration_0015_numbers_older_runs_per_job_and_names_their_starters(
                            .order_by(RANGE_RUNS.c.id)).all()
     assert [tuple(r) for r in got] == [(1, 1, "ops1@h", 0), (2, 1, "ops2@h", 0),
                                        (3, 2, "ops3@h", 0), (4, 3, "ops4@h", 0)]
+
+
+def _to_the_end(job: Any, sessions: sessionmaker[Any], leases: Any,
+                client: redis.Redis) -> Any:
+    """Run the job's open partitions here, then one reconcile round (due now) to close it."""
+    from tasks.ranges.reconciler import reconcile_job
+    from tests.ranges.inprocess import run_all
+
+    run_all(job, sessions, leases, client)
+    with sessions.begin() as session:
+        session.execute(update(SCHEDULES).values(next_run_at=SCHEDULES.c.updated_at))
+    return reconcile_job(sessions, client, job, lambda _j, _p: None, interval=60, grace=0)
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "postgresql"])
+def test_a_replayed_letter_of_an_older_run_runs_its_row_in_the_latest_run(
+        engine: Engine, redis_client: redis.Redis, leases: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tasks.celery  # noqa: F401  (registers the wings' dead-letter kinds)
+    from tasks.deadletters.store import DeadLetters
+    from tests.support.skip_jobs import cm_skippy
+
+    bad = tmp_path / "bad"
+    bad.write_text("7")
+    monkeypatch.setenv("TEST_BAD_ROWS", str(bad))
+    seed_cm_data(engine, 1000)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    controls = Controls(sessions, redis_client, lambda _job: {"dispatched": []})
+    for _ in range(2):  # run 1 quarantines row 7; run 2 leaves it out
+        controls.start("cm_skippy", "t")
+        assert _to_the_end(cm_skippy, sessions, leases, redis_client).run == RunState.SUCCEEDED
+    assert [(r.rows, r.skipped) for r in runs(engine, "cm_skippy")] == [(999, 1), (0, 0)]
+    [letter] = skip_letters(engine)
+    bad.write_text("")
+    done = DeadLetters(sessions).replay(letter.id, lambda *_args: None)
+    assert done.note == "row 7 is out of quarantine and runs again in run 2 of cm_skippy " \
+                        "(running)"
+    assert [(r.state, r.skipped) for r in runs(engine, "cm_skippy")] == [
+        (RunState.SUCCEEDED, 0), (RunState.RUNNING, 0)]
+    assert _to_the_end(cm_skippy, sessions, leases, redis_client).run == RunState.SUCCEEDED
+    assert [(r.rows, r.skipped) for r in runs(engine, "cm_skippy")] == [(999, 0), (1, 0)]
+    assert set(processed(engine).values()) == {1}
