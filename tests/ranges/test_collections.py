@@ -119,7 +119,7 @@ def test_a_refused_start_writes_nothing(engine: Engine, platform: Callable[..., 
     for job, records, said in (("cm_export", read_csv(good), "the job takes no CSV"),
                                ("csv_copy", None, "needs its input")):
         with pytest.raises(ControlRefused, match=said):
-            controls.start(job, "t", None, records)
+            controls.start(job, "t", None, records=records)
     for job in (csv_copy, api_copy):
         with pytest.raises(InvalidArguments, match="a dry run reads a table"):
             dry_run(sessionmaker(engine), job, None, None)
