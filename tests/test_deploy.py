@@ -710,22 +710,29 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
+# The variable that sets each container's one port: the manifest's containerPort, moved to a
+# free port here, where every pod shares this host's network.
+PORT_VARIABLES = {"worker": "METRICS_PORT", "control": "METRICS_PORT", "beat": "METRICS_PORT",
+                  "console": "CONSOLE_PORT", "flower": "FLOWER_PORT"}
+
+
 class Pod:
     """One pod's container, started in a sandbox as its template says: its command, its env
     (ConfigMap, its own Secret, its `env`), its emptyDirs the only writable paths."""
 
-    def __init__(self, component: str, secrets: dict[str, dict[str, Any]],
-                 ports: dict[str, int]) -> None:
+    def __init__(self, component: str, secrets: dict[str, dict[str, Any]]) -> None:
         from tests.support import sandbox
+        from tests.support.redis_server import free_port
 
         (self.container,) = pod_templates()[component]["spec"]["containers"]
         self.component = component
-        self.env = {**_image_env(), **pod_env(component, secrets), **{
-            k: str(v) for k, v in ports.items()}}
-        # The pods' network is this host's: each gets ports of its own (in a pod, the manifest's).
-        self.ports = {p["name"]: int(self.env.get(f"{component.upper()}_PORT",
-                                                   self.env.get("METRICS_PORT", "0")))
-                      for p in self.container.get("ports", [])}
+        self.env = {**_image_env(), **pod_env(component, secrets)}
+        self.ports: dict[str, int] = {}
+        if variable := PORT_VARIABLES.get(component):
+            (port,) = self.container["ports"]
+            assert int(self.env[variable]) == port["containerPort"], (component, variable)
+            self.ports[port["name"]] = free_port()
+            self.env[variable] = str(self.ports[port["name"]])
         mounts = [m["mountPath"] for m in self.container.get("volumeMounts", [])]
         self.proc = sandbox.start(self.container["command"], self.env, mounts, component)
 
@@ -777,7 +784,6 @@ def test_every_pod_runs_with_only_its_secret_on_a_read_only_root_and_passes_its_
     from devtools.demo import reset_database
     from tasks.store.resources import make_engine
     from tests.support.db import DATABASES
-    from tests.support.redis_server import free_port
 
     database = DATABASES["postgresql"]
     engine = make_engine(database)
@@ -788,9 +794,7 @@ def test_every_pod_runs_with_only_its_secret_on_a_read_only_root_and_passes_its_
     pods: dict[str, Pod] = {}
     try:
         for component in ("migrate", "worker", "control", "beat", "console", "flower"):
-            port = {"migrate": None, "console": "CONSOLE_PORT", "flower": "FLOWER_PORT"}.get(
-                component, "METRICS_PORT")
-            pods[component] = Pod(component, secrets, {port: free_port()} if port else {})
+            pods[component] = Pod(component, secrets)
         job = pods["migrate"].proc
         services = [pod for component, pod in pods.items() if component != "migrate"]
         deadline = time.monotonic() + 90
