@@ -45,10 +45,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
 from tasks.ranges.closing import close_run
+from tasks.ranges.cuts import plan_first_by_rows
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.ranges.keys import range_schedule_name as schedule_name
-from tasks.ranges.planning import StoredPlan, plan_after
+from tasks.ranges.planning import Partition, StoredPlan, plan_after
 from tasks.ranges.runners import RunnerSlots, new_token
 from tasks.ranges.runs import current_run, enforce
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
@@ -241,20 +242,15 @@ def _log(result: Round) -> None:
 
 def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
           step: Seam) -> bool:
-    """Add the partitions the table's id bounds need; False if the round was overtaken (then
-    it wrote nothing)."""
+    """Add the partitions the table needs; False if the round was overtaken (then it wrote
+    nothing)."""
     with sessions() as session:
-        # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
-        # min() or max() from the index but scans the table for both together (60 ms at
-        # 1,000,000 rows). Still one statement, so one snapshot.
-        lo, hi = session.execute(select(select(func.min(job.id_col)).scalar_subquery(),
-                                        select(func.max(job.id_col)).scalar_subquery())).one()
         plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
                                       func.max(WORK.c.part)).where(
             partitions_of(job.name))).one()
+        stored = StoredPlan(*plan) if plan[2] is not None else None
+        missing = _missing(session, job, stored)
     step("read")
-    stored = StoredPlan(*plan) if plan[2] is not None else None
-    missing = plan_after(stored, lo, hi, job.partition_size)
     with sessions.begin() as session:
         if not _hold(session, schedule_name(job.name), term):
             return False
@@ -262,12 +258,30 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
             # A re-planned job's partitions start at the old plan's highest fence.
             floor = session.execute(select(SCHEDULES.c.fence_floor).where(
                 SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
+            key = job.keyset
             session.execute(insert(WORK), [
                 {"kind": RANGE_KIND, "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
                  "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
-                 "rows_done": 0, "rate": 0.0, "crashes": 0} for p in missing])
+                 "rows_done": 0, "rate": 0.0, "crashes": 0, "lo_key": key.encode(p.lo_key),
+                 "hi_key": key.encode(p.hi_key), "next_key": key.encode(p.lo_key)}
+                for p in missing])
         result.planned = len(missing)
     return True
+
+
+def _missing(session: Session, job: RangeJob, stored: StoredPlan | None) -> list[Partition]:
+    """The partitions to add: a first plan cut by rows (tasks.ranges.cuts), none for a keyed
+    plan (it covers every key), else id-span partitions for ids beyond the stored plan."""
+    if job.by_rows and stored is None:
+        return plan_first_by_rows(session, job)
+    if job.keyed:
+        return []
+    # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
+    # min() or max() from the index but scans the table for both together (60 ms at
+    # 1,000,000 rows). Still one statement, so one snapshot.
+    lo, hi = session.execute(select(select(func.min(job.id_col)).scalar_subquery(),
+                                    select(func.max(job.id_col)).scalar_subquery())).one()
+    return plan_after(stored, lo, hi, job.partition_size)
 
 
 def _overtaken(result: Round) -> Round:

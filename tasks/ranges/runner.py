@@ -170,9 +170,11 @@ class PartitionRunner:
         if self.job.params is not None:
             with self.row.sessions() as session:
                 params = self.job.params_of(stored_params(session, self.job.name))
-        return Batches(self.row, Partition(self.part, claimed.lo, claimed.hi),
+        key = self.job.keyset  # a keyed job's bounds and cursor (tasks.ranges.jobkeys)
+        return Batches(self.row, Partition(self.part, claimed.lo, claimed.hi,
+                                           key.decode(claimed.lo_key), key.decode(claimed.hi_key)),
                        next_id=claimed.next_id, clock=self.clock, lease_ttl=self.lease_ttl,
-                       params=params)
+                       params=params, next_key=key.decode(claimed.next_key))
 
     def _loop(self, lease: Lease, batches: Batches, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""

@@ -3,7 +3,7 @@
     work_items, schedules           range jobs (partitions and their reconcile rounds)
     range_runs, range_run_events    range jobs' runs and who asked for each control
 
-Migrations 0001, 0005, 0011, 0012 and 0013 create them, never `create_all`.
+Migrations 0001, 0005, 0011, 0012, 0013 and 0017 create them, never `create_all`.
 """
 
 from __future__ import annotations
@@ -81,6 +81,13 @@ class WorkItem(Base):
     # Set while the holder waits for the job's throttle (rows/s cap or `throttle_on`) before
     # its next batch; cleared by the next checkpoint (migration 0011).
     throttled_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # A keyed job's partition (tasks.ranges.jobkeys): its keys `lo_key < key <= hi_key`
+    # (None: unbounded) and the cursor of its keyset pass (the last key read; None: from
+    # `lo_key`), JSON text; `lo`, `hi` and `next_id` are then row ordinals, for progress
+    # (migration 0017). None for an integer key.
+    lo_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    hi_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    next_key: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Schedule(Base):
