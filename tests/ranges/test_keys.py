@@ -24,12 +24,14 @@ from sqlalchemy import (
     insert,
     select,
     text,
+    update,
 )
 from sqlalchemy.orm import Session, sessionmaker
 
 from bench.keyed import BASE, JOBS, KEYED, create, job_for, mark, seed
 from lease import Leases
 from tasks.ranges.controls import ControlRefused, Controls
+from tasks.ranges.dryrun import dry_run
 from tasks.ranges.jobs import RangeJob, register
 from tasks.ranges.reconciler import activate, due_now, reconcile_job
 from tasks.ranges.runner import Outcome
@@ -281,3 +283,21 @@ def test_a_keyed_job_that_leaves_its_rows_matching_fails_its_partition_writing_n
     [row] = parts(engine, job.name)
     assert "FilterNotCleared" in row.error and "still matches the job's filter" in row.error
     assert row.rows_done == 0 and row.next_key is None
+
+
+@pytest.mark.parametrize("key", ["uuid", "composite"])
+def test_a_keyed_dry_run_shows_the_plan_and_first_batch_and_writes_nothing(
+    engine: Engine, sessions: sessionmaker[Session], key: str,
+) -> None:
+    create(engine)
+    seed(engine, 1200)
+    with engine.begin() as conn:
+        conn.execute(update(KEYED).where(KEYED.c.id % 3 == 0).values(status=1))
+    job = small(key)
+    found = dry_run(sessions, job, None, None)
+    assert found.partitions_total == 3 and found.estimated_rows == 800 and found.estimate_exact
+    assert found.sample["rows"] == job.batch_size and "ORDER BY" in (found.sql or "")
+    assert [p["part"] for p in found.partitions] == [0, 1, 2]
+    with engine.connect() as conn:
+        assert conn.execute(select(WORK.c.id)).first() is None
+        assert conn.execute(select(RANGE_RUNS.c.id)).first() is None
