@@ -310,9 +310,9 @@ class Controls:
             return {"deferred": _deferred("the reconcile round", exc)}
 
 
-# MySQL/MariaDB error codes of a statement the job's table cannot answer (PyMySQL raises some
-# of them as OperationalError): no such table, no such column, no ordering for the type.
-_REFUSED_CODES = (1054, 1146, 1247)
+# MySQL/MariaDB error codes of a statement the job's table cannot answer (PyMySQL raises the
+# first as OperationalError): no such column, no such table.
+_REFUSED_CODES = (1054, 1146)
 
 
 def _refusal(exc: DBAPIError) -> bool:

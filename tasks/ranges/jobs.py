@@ -86,7 +86,8 @@ class Context:
     matches the job's filter, and nothing can add one before the batch commits (SQLite: the
     batch holds the write lock from its read on); a job may then write by the id range
     (`id BETWEEN first AND last AND <filter>`) instead of by the list of ids. None otherwise
-    (a skipped row lies in the range, or another database where a row can commit in between).
+    (a skipped row lies in the range, another database where a row can commit in between, or
+    a keyed job, whose rows have no id range).
 
     `params` is the run's parameters, an instance of the job's `params` dataclass (None if the
     job declares none).
