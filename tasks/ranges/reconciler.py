@@ -47,6 +47,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from lease.keys import lease_key
 from tasks.ranges.closing import close_run
 from tasks.ranges.collections import COLLECTION_PARTITION
+from tasks.ranges.cuts import plan_first_by_rows
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
 from tasks.ranges.keys import range_schedule_name as schedule_name
@@ -244,18 +245,17 @@ def _log(result: Round) -> None:
 
 def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
           step: Seam) -> bool:
-    """Add the partitions the table's id bounds need; False if the round was overtaken (then
-    it wrote nothing)."""
+    """Add the partitions the table needs; False if the round was overtaken (then it wrote
+    nothing)."""
     if job.visits_once:
         return _plan_once(sessions, job, term, result, step)
     with sessions() as session:
-        lo, hi = _bounds(session, job)
         plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
                                       func.max(WORK.c.part)).where(
             partitions_of(job.name))).one()
+        stored = StoredPlan(*plan) if plan[2] is not None else None
+        missing = _missing(session, job, stored)
     step("read")
-    stored = StoredPlan(*plan) if plan[2] is not None else None
-    missing = plan_after(stored, lo, hi, job.partition_size)
     with sessions.begin() as session:
         if not _hold(session, schedule_name(job.name), term):
             return False
@@ -284,10 +284,12 @@ def _insert(session: Session, job: RangeJob, parts: list[Partition]) -> None:
     # A re-planned job's partitions start at the old plan's highest fence.
     floor = session.execute(select(SCHEDULES.c.fence_floor).where(
         SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
+    key = job.keyset  # a keyed job's bounds and cursor (tasks.ranges.jobkeys)
     session.execute(insert(WORK), [
         {"kind": RANGE_KIND, "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
          "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
-         "rows_done": 0, "rate": 0.0, "crashes": 0} for p in parts])
+         "rows_done": 0, "rate": 0.0, "crashes": 0, "lo_key": key.encode(p.lo_key),
+         "hi_key": key.encode(p.hi_key), "next_key": key.encode(p.lo_key)} for p in parts])
 
 
 def _plan_once(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
@@ -312,6 +314,17 @@ def _plan_once(sessions: sessionmaker[Session], job: RangeJob, term: int, result
             _insert(session, job, parts)
             result.planned = len(parts)
     return True
+
+
+def _missing(session: Session, job: RangeJob, stored: StoredPlan | None) -> list[Partition]:
+    """The partitions to add: a first plan cut by rows (tasks.ranges.cuts), none for a keyed
+    plan (it covers every key), else id-span partitions for ids beyond the stored plan."""
+    if job.by_rows and stored is None:
+        return plan_first_by_rows(session, job)
+    if job.keyed:
+        return []
+    lo, hi = _bounds(session, job)
+    return plan_after(stored, lo, hi, job.partition_size)
 
 
 def _overtaken(result: Round) -> Round:
