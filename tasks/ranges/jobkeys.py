@@ -188,10 +188,12 @@ def _expanded(cols: list[Any], value: list[Any], *, strict: bool,
                                              greater=greater)))
 
 
-def key_of_job(job_name: str, table: Table, names: tuple[str, ...]) -> JobKey:
+def key_of_job(job_name: str, table: Table, names: tuple[str, ...],
+               scoped: frozenset[str] = frozenset()) -> JobKey:
     """The key `names` of `table`; ValueError (one line, naming the job) if it cannot be a
     key: a missing column, a type the databases cannot order as a cursor, a nullable
-    column, or columns no unique constraint covers."""
+    column, or columns no unique constraint covers. `scoped`: columns every read of the job
+    fixes by equality (a CSV job's `run`), which count as part of the key for uniqueness."""
     if not names:
         raise ValueError(f"range job {job_name}: the key needs at least one column")
     if len(set(names)) != len(names):
@@ -213,7 +215,7 @@ def key_of_job(job_name: str, table: Table, names: tuple[str, ...]) -> JobKey:
                              f"{table.name} is nullable; a NULL key is never read, so "
                              "declare it nullable=False")
         kinds.append(kind)
-    if not any(unique <= set(names) for unique in _unique_sets(table)):
+    if not any(unique <= set(names) | scoped for unique in _unique_sets(table)):
         raise ValueError(f"range job {job_name}: key {', '.join(names)} of table "
                          f"{table.name} is not unique in its metadata; declare a primary key, "
                          "unique constraint or unique index over (a subset of) its columns")

@@ -47,22 +47,19 @@ once per partition run and once per closing round with the run's parameters.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Table, any_, bindparam, true
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Row, Table, true
 from sqlalchemy.sql import ClauseElement
 
+from tasks.ranges.context import Context
 from tasks.ranges.cron import parse_cron, validate_missed, validate_policy
 from tasks.ranges.hooks import HOOKS, Hook, validate_hook
 from tasks.ranges.jobkeys import JobKey, key_of_job
 from tasks.ranges.keys import range_lease_name
 from tasks.ranges.params import InvalidParams, build, decode, encode, fields_of
-from tasks.ranges.planning import Partition
 from tasks.ranges.sizing import validate_sizing
 from tasks.ranges.skips import validate_skips
 from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
@@ -70,8 +67,6 @@ from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, te
 __all__ = ["RangeJob", "Context", "Visits", "CSV_INPUT", "UnknownJob", "InvalidArguments",
            "register", "get_job", "registered_jobs", "validate_job_name", "validate_part"]
 
-T = TypeVar("T")
-R = TypeVar("R")
 
 ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
 # A custom collection's source (tasks.ranges.collections): (cursor, size) -> (items, cursor
@@ -95,71 +90,6 @@ class Visits:
 
 class UnknownJob(InvalidArguments):
     """No range job of that name is registered."""
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a process function gets besides its rows.
-
-    `session` is the batch's transaction; `fence` is the lease's fencing token (store it beside
-    an effect to show which holder made it); `map` runs a function over the rows on the job's
-    thread pool and returns the results in order.
-
-    `in_batch(column, ids)` is `column IN ids` in the form the database runs fastest (an array
-    parameter on PostgreSQL).
-
-    `span` is `(first id, last id)` of the rows when they are *every* row of that id range that
-    matches the job's filter, and nothing can add one before the batch commits (SQLite: the
-    batch holds the write lock from its read on); a job may then write by the id range
-    (`id BETWEEN first AND last AND <filter>`) instead of by the list of ids. None otherwise
-    (a skipped row lies in the range, another database where a row can commit in between, or
-    a keyed job, whose rows have no id range).
-
-    `params` is the run's parameters, an instance of the job's `params` dataclass (None if the
-    job declares none).
-
-    `run` is the id of the run the partition belongs to; `idempotency_key(row)` is the key an
-    effect outside the database carries so its receiver can drop a retried batch's repeats.
-    """
-
-    session: Session
-    fence: int
-    job: RangeJob
-    partition: Partition
-    pool: ThreadPoolExecutor | None = None
-    span: tuple[int, int] | None = None
-    params: Any = None
-    run: int | None = None
-
-    def idempotency_key(self, row: Any) -> str:
-        """`JOB:RUN:KEY` for `row` (a row of the job's table, or its key itself): the same
-        for every retry of the batch within this run (a holder that died, a takeover), a
-        new one in the next run. A receiver that accepts each key once (`SET key NX`, a
-        unique column) applies each row's effect once per run."""
-        if self.run is None:
-            raise RuntimeError(f"range job {self.job.name}: no run, so no idempotency key "
-                               "(start the job: python -m tasks jobs start)")
-        key = getattr(row, self.job.id_column, row)
-        if isinstance(key, dict | list | set):
-            raise TypeError(f"range job {self.job.name}: idempotency_key takes a row of the "
-                            "job's table or a key (a collection's item: pass its key, "
-                            "ctx.idempotency_key(item['id'])), not a "
-                            f"{type(key).__name__}")
-        return f"{self.job.name}:{self.run}:{key}"
-
-    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        if self.pool is None:
-            return [fn(item) for item in items]
-        return list(self.pool.map(fn, items))
-
-    def in_batch(self, column: ColumnElement[Any], ids: Iterable[Any]) -> ColumnElement[bool]:
-        """`column IN ids`, in the form this database runs fastest: one array parameter on
-        PostgreSQL (`column = ANY(:ids)`, one plan whatever the count), an IN list elsewhere
-        (under the driver's bind limit: SQLite 32,766 parameters, MySQL 65,535)."""
-        values = list(ids)
-        if self.session.get_bind().dialect.name == "postgresql":
-            return column == any_(bindparam(None, values, type_=ARRAY(column.type)))
-        return column.in_(values)
 
 
 @dataclass(frozen=True)
@@ -256,7 +186,10 @@ class RangeJob:
         if not isinstance(names, tuple):
             raise ValueError(f"range job {self.name}: key must be a tuple of column names, "
                              f"got {names!r}")
-        keyset = key_of_job(self.name, self.table, names)
+        # A collection reads one run's input at a time: `line` is unique within its run.
+        scoped = (frozenset({"run"}) if self.input == CSV_INPUT or self.pages is not None
+                  else frozenset())
+        keyset = key_of_job(self.name, self.table, names, scoped)
         object.__setattr__(self, "keyset", keyset)
         object.__setattr__(self, "id_column", keyset.names[0])
         by = self.partition_by or ("ids" if keyset.integer else "rows")
