@@ -10,17 +10,24 @@ Timeline of a failover (TTL 2 s):
 
 Even if a paused ex-leader emitted one more round, the reconciler's term compare-and-set on its
 schedule row keeps that round from running twice.
+
+Liveness: every tick, the leader's and the standby's alike (at most TTL/3 apart), touches
+WORKER_HEARTBEAT_FILE when it is set, as a worker's main process does (tasks/worker/heartbeat.py):
+the probe reads the file's age, so it fails when this loop hangs or dies, not when Redis is away
+(a standby that cannot reach Redis still ticks). The file is removed when beat stops.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from celery.beat import Scheduler
 from redis.exceptions import RedisError
 
 from lease import Lease, LeaseLost, NotAcquired, NotHeld
+from tasks.worker.heartbeat import touch
 from tasks.worker.keys import BEAT_LEADER
 
 __all__ = ["LEADER_LEASE", "LeaderScheduler", "QuietTicks"]
@@ -63,11 +70,14 @@ class LeaderScheduler(Scheduler):
         self.lease_ttl = settings.lease_ttl
         self._leases = resources_for(settings).leases
         self._lease: Lease | None = None
+        self._alive = Path(settings.worker_heartbeat_file) if settings.worker_heartbeat_file \
+            else None
         super().__init__(*args, **kwargs)
         logging.getLogger("celery.beat").addFilter(QuietTicks(self))
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         wait = self.lease_ttl / 3
+        self._heartbeat()
         if not self._lead():
             return wait
         assert self._lease is not None
@@ -92,7 +102,17 @@ class LeaderScheduler(Scheduler):
         log.info("beat: became leader (fence %d)", self._lease.fence)
         return True
 
+    def _heartbeat(self) -> None:
+        if self._alive is None:
+            return
+        try:
+            touch(self._alive)
+        except OSError as exc:  # a full or read-only disk: the probe will say so
+            log.warning("beat: cannot touch %s: %s", self._alive, exc)
+
     def close(self) -> None:
+        if self._alive is not None:
+            self._alive.unlink(missing_ok=True)
         if self._lease is not None:
             try:
                 self._lease.release()

@@ -1,4 +1,7 @@
-"""`python -m bench range --db URL --rows N [--work trivial|cpu]`.
+"""`python -m bench range --db URL --rows N [--work trivial|cpu] [--key int|uuid|composite]`.
+
+With `--key uuid` or `--key composite` it measures a keyed job against the integer-key job on
+the same table instead (bench/range_keys.py); the rest of this docstring is `--key int`.
 
 Measures, in one run on the same database: a raw single-process keyset scan-and-update script
 on SQLAlchemy Core (no leases, no Celery, the same batch size and per-row work), the same scan
@@ -31,6 +34,7 @@ from sqlalchemy import Engine, delete, func, select, update
 
 from bench.cm_data import cpu_work
 from bench.drivers import driver_list_scan, driver_scan
+from bench.range_keys import keyed_main
 from bench.scratch import NotScratch, flush, open_scratch
 from devtools.demo import Fleet, reset_database, verify
 from examples.seed import seed_cm_data
@@ -166,6 +170,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="threads per worker for the per-row work (cpu)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each measurement; the best rate of each is compared")
+    parser.add_argument("--key", choices=("int", "uuid", "composite"), default="int",
+                        help="the key the job walks: int (cm_data, against raw scripts), or "
+                             "uuid / composite against the integer key on the same table")
     parser.add_argument("--target-batch-s", type=float, default=0.25,
                         help="the platform's adaptive batch time, starting from --batch "
                              "(0: fixed batches of --batch rows, as the baselines use)")
@@ -183,6 +190,12 @@ def main(argv: list[str]) -> int:
         return 2
     redis_url = scratch.url
     engine = make_engine(db_url)
+    if args.key != "int":
+        try:
+            return keyed_main(args, engine, db_url, redis_url, workdir, ROOT)
+        finally:
+            engine.dispose()
+            scratch.stop()
     try:
         reset_database(engine)
         upgrade(engine)

@@ -23,7 +23,13 @@ from tasks.config.settings import Settings, SettingsError, redact
 from tasks.deadletters import kinds
 from tasks.observe.logs import use_json
 from tasks.wing import Wing, each
-from tasks.worker import brokerfix, flowerguard, heartbeat, lifecycle  # noqa: F401  (lifecycle: its signal handlers)
+from tasks.worker import (  # noqa: F401  (lifecycle, backlog: their signal handlers)
+    backlog,
+    brokerfix,
+    flowerguard,
+    heartbeat,
+    lifecycle,
+)
 from tasks.worker.controlplane import ControlPlane
 from tasks.worker.limits import bound_log_handlers, bounded_backend
 from tasks.worker.queues import routing_config

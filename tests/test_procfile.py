@@ -8,6 +8,7 @@ or `python -m tasks console`).
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shlex
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -30,7 +32,7 @@ from tests.support.workers import ROOT, Proc, celery_call, platform_env
 BIN = Path(sys.executable).parent
 # (program, subcommand): Celery's worker, beat and Flower, and the operator console.
 ENTRY_POINTS = {("celery", "worker"), ("celery", "beat"), ("celery", "flower"),
-                ("python", "console")}
+                ("python", "console"), ("python", "migrate")}
 # Process names: two kinds of worker (partitions apart from controls and restock, issue 11).
 PROCESSES = {"worker", "control", "beat", "flower", "console"}
 
@@ -64,7 +66,8 @@ def test_every_command_is_a_real_entry_point_of_this_project() -> None:
         shown = subprocess.run([str(BIN / argv[0]), *argv[1:4], "--help"], cwd=ROOT,
                                env=platform_env(), capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
-    assert set(compose_commands()) == set(procfile()) == PROCESSES
+    assert set(procfile()) == PROCESSES
+    assert set(compose_commands()) == PROCESSES | {"migrate"}
 
 
 def _get(url: str, auth: str | None = None) -> int:
@@ -107,7 +110,9 @@ def test_the_procfile_starts_worker_beat_flower_and_the_console_with_auth(
     )
     for name in ("CONSOLE_ADDRESS", "CONSOLE_SECRET", "FLOWER_URL"):
         env.pop(name, None)
-    honcho = Proc([str(BIN / "honcho"), "-f", str(ROOT / "Procfile"), "start"], env, "honcho")
+    # `-e`: this test's environment only, whatever .env a developer keeps in the checkout.
+    honcho = Proc([str(BIN / "honcho"), "-f", str(ROOT / "Procfile"), "-e", os.devnull, "start"],
+                  env, "honcho")
     try:
         honcho.wait_for("ready.", timeout=90)
         honcho.wait_for("became leader", timeout=60)
@@ -193,7 +198,8 @@ def test_compose_checks_the_health_of_every_service_and_persists_stock() -> None
     spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = spec["services"]
     for name, service in services.items():
-        assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
+        if name != "migrate":  # a one-shot: the others wait for it to complete
+            assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
     redis_argv = services["redis"]["command"]
     assert redis_argv[redis_argv.index("--appendonly") + 1] == "yes"
     assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
@@ -259,3 +265,163 @@ def test_the_platform_loads_the_example_job_as_a_user_loads_theirs() -> None:
     assert spec["x-platform"]["environment"]["EXTRA_TASK_MODULES"] == default
     dockerfile = (ROOT / "Dockerfile").read_text().splitlines()
     assert "COPY examples examples" in dockerfile
+
+
+# -- the migrate step, Grafana and .env (issue 22) -------------------------------------------
+
+
+def compose_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return spec
+
+
+def test_compose_migrates_once_before_every_platform_service_starts() -> None:
+    services = compose_spec()["services"]
+    migrate = services["migrate"]
+    assert migrate["command"] == ["python", "-m", "tasks", "migrate"]
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert migrate["environment"]["DATABASE_URL"] == \
+        compose_spec()["x-platform"]["environment"]["DATABASE_URL"]
+    for name in PROCESSES:
+        assert services[name]["depends_on"]["migrate"] == {
+            "condition": "service_completed_successfully"}, name
+        assert services[name]["image"] == migrate["image"], name
+
+
+def test_compose_runs_the_platform_on_a_read_only_root_without_capabilities() -> None:
+    """The same confinement as deploy/k8s/ (tests/test_deploy.py runs every pod's command so):
+    /tmp is the only writable place, and it holds the worker's heartbeat."""
+    services = compose_spec()["services"]
+    for name in PROCESSES | {"migrate"}:
+        service = services[name]
+        assert service["read_only"] is True and service["tmpfs"] == ["/tmp"], name
+        assert service["cap_drop"] == ["ALL"], name
+        assert service["security_opt"] == ["no-new-privileges:true"], name
+    heartbeat = services["worker"]["environment"]["WORKER_HEARTBEAT_FILE"]
+    assert Path(heartbeat).is_relative_to("/tmp")
+
+
+def test_compose_provisions_grafana_with_the_dashboard_behind_a_profile() -> None:
+    services = compose_spec()["services"]
+    grafana = services["grafana"]
+    assert grafana["profiles"] == ["grafana"]
+    assert grafana["ports"] == ["127.0.0.1:3000:3000"]
+    assert grafana["environment"]["GF_AUTH_DISABLE_LOGIN_FORM"] == "true"
+    assert grafana["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    mounts = {host: inside.removesuffix(":ro") for host, inside in
+              (v.split(":", 1) for v in grafana["volumes"]) if host.startswith("./")}
+    provisioning = ROOT / "deploy" / "grafana" / "provisioning"
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    dashboard_path = Path(mounts["./deploy/grafana/rangekeeper.json"])
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "rangekeeper.yml").read_text())[
+        "providers"]
+    assert Path(provider["options"]["path"]) == dashboard_path.parent
+    assert grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == \
+        str(dashboard_path)
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"]
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "rangekeeper.json").read_text())
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
+    assert source["type"] == variable["query"] == "prometheus" and source["isDefault"]
+    prometheus_port = services["prometheus"]["ports"][0].rsplit(":", 1)[1]
+    assert source["url"] == f"http://prometheus:{prometheus_port}"
+    assert "prometheus" in grafana["depends_on"]
+
+
+# ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}: compose's forms.
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?)([-?])([^}]*))?\}")
+
+
+def _interpolate(value: str, env: dict[str, str]) -> str:
+    def one(found: re.Match[str]) -> str:
+        name, colon, kind, word = found.groups()
+        unset = name not in env or (colon == ":" and env[name] == "")
+        if kind == "?" and unset:
+            raise ValueError(f"{name}: {word}")
+        return word if kind == "-" and unset else env.get(name, "")
+    return _INTERPOLATION.sub(one, value)
+
+
+def _container_env(service: dict[str, Any], dotenv: dict[str, str]) -> dict[str, str]:
+    """What compose gives a container: its env_file (here `dotenv`), then its `environment`,
+    both interpolated from `dotenv` (compose reads .env for ${...})."""
+    env = dict(dotenv) if service.get("env_file") else {}
+    env.update({k: _interpolate(str(v), dotenv) for k, v in service["environment"].items()})
+    return env
+
+
+def example_env() -> dict[str, str]:
+    from honcho.environ import parse
+
+    found: dict[str, str] = parse((ROOT / ".env.example").read_text())
+    return found
+
+
+CREDENTIALS = {"CONSOLE_USER", "CONSOLE_PASSWORD", "CONSOLE_SECRET", "FLOWER_BASIC_AUTH"}
+
+
+def test_the_env_example_holds_known_settings_and_no_credential() -> None:
+    """One file for honcho and compose: every variable is one the platform (or the Procfile)
+    reads, its values pass the settings' checks, and the credentials are left to the user."""
+    from tasks.wings import load_settings, variables
+
+    text = (ROOT / ".env.example").read_text()
+    env = example_env()
+    procfile_variables = set(re.findall(r"\$\{(\w+)", " ".join(procfile().values())))
+    known = variables() | procfile_variables | {"FLOWER_BASIC_AUTH"}
+    assert set(env) <= known, set(env) - known
+    for name in CREDENTIALS:
+        assert re.search(rf"^{name}=$", text, re.M), f"{name}: not an empty line to fill"
+        assert name not in env  # empty: unset for honcho, as for the settings
+    load_settings(env)
+    assert "cp .env.example .env" in text
+    assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+    assert compose_spec()["x-platform"]["env_file"] == [{"path": ".env", "required": False}]
+
+
+def test_compose_gives_each_container_only_its_credentials() -> None:
+    """With every credential filled in .env, the console gets the console's and Flower
+    Flower's; no other container gets one. Left empty, compose refuses with a message naming
+    .env (the ${VAR:?...} of the console and Flower)."""
+    filled = dict(example_env(), CONSOLE_USER="operator", CONSOLE_PASSWORD="pw-0123456789ab",
+                  CONSOLE_SECRET="s" * 40, FLOWER_BASIC_AUTH="admin:fw-0123456789")
+    services = compose_spec()["services"]
+    needs = {"console": {"CONSOLE_USER", "CONSOLE_PASSWORD", "CONSOLE_SECRET"},
+             "flower": {"FLOWER_BASIC_AUTH"}}
+    for name in PROCESSES | {"migrate"}:
+        env = _container_env(services[name], filled)
+        given = {k for k in CREDENTIALS - {"CONSOLE_USER"} if env.get(k)}
+        assert given == needs.get(name, set()) - {"CONSOLE_USER"}, (name, given)
+    assert _container_env(services["console"], filled)["CONSOLE_PASSWORD"] == "pw-0123456789ab"
+    for name in ("console", "flower"):
+        with pytest.raises(ValueError, match=r"\.env"):
+            _container_env(services[name], example_env())
+
+
+@pytest.mark.timeout(60)
+def test_honcho_with_the_example_env_keeps_running_without_console_and_flower_credentials(
+    tmp_path: Path
+) -> None:
+    """Issue 22: `honcho start` stopped within 2 s when the console's or Flower's credentials
+    were missing (honcho stops everything when one process exits). With the .env copied from
+    .env.example, the two say what to set and wait; the rest runs; a stop still stops them."""
+    dotenv = tmp_path / ".env"
+    dotenv.write_text((ROOT / ".env.example").read_text())
+    env = platform_env(PATH=f"{BIN}:{platform_env()['PATH']}")
+    for name in CREDENTIALS:
+        env.pop(name, None)
+    honcho = Proc([str(BIN / "honcho"), "-f", str(ROOT / "Procfile"), "-e", str(dotenv),
+                   "start", "flower", "console"], env, "honcho-example")
+    try:
+        honcho.wait_for("Flower not started: set FLOWER_BASIC_AUTH", timeout=20)
+        honcho.wait_for("console not started: set CONSOLE_USER and CONSOLE_PASSWORD",
+                        timeout=20)
+        time.sleep(2.5)
+        assert honcho.popen.poll() is None, honcho.output()
+        honcho.signal(signal.SIGTERM)
+        honcho.popen.wait(10)  # honcho's own code is 143 (SIGTERM); its processes end cleanly
+        for name in ("flower", "console"):
+            assert f"{name}.1 stopped (rc=0)" in honcho.output(), honcho.output()
+    finally:
+        honcho.stop()

@@ -106,7 +106,8 @@ def test_flower_refuses_a_shipped_password(tmp_path: Path, cwd: str) -> None:
 # Where a credential's value could ship: what users copy.
 SHIPPED_FILES = ["deploy/**/*", "docker-compose.yml", "Procfile", "README.md", "docs/*.md",
                  ".env*", "Makefile", "Dockerfile"]
-_ASSIGNED = re.compile(r"(CONSOLE_PASSWORD|CONSOLE_SECRET|FLOWER_BASIC_AUTH)[\"']?\s*[:=]\s*"
+# The value is on the assignment's line: `CONSOLE_PASSWORD=` alone (.env.example) is empty.
+_ASSIGNED = re.compile(r"(CONSOLE_PASSWORD|CONSOLE_SECRET|FLOWER_BASIC_AUTH)[\"']?\s*[:=][ \t]*"
                        r"(?:'([^']*)'|\"([^\"]*)\"|([^\s,}'\"]+))")
 _URL_PASSWORD = re.compile(r"\b[a-z+]+://[^:/@\s\"']*:([^@\s\"'/]+)@")
 
@@ -121,7 +122,8 @@ def shipped_values() -> dict[str, set[str]]:
         text = path.read_text(errors="replace")
         for name, *quoted in _ASSIGNED.findall(text):
             value = "".join(quoted)
-            if "$" not in value and value not in ("...", "user:password"):
+            # Empty assigns nothing (compose blanks the credentials a container does not use).
+            if value and "$" not in value and value not in ("...", "user:password"):
                 found[name].add(value)
         # RabbitMQ's own guest:guest (the README's local benchmark) is refused by RabbitMQ
         # itself from anywhere but loopback.

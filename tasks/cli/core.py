@@ -101,10 +101,33 @@ def _views(res: Resources, query: PartitionQuery) -> tuple[Any, Any, Any, int]:
 
 
 def _snapshot(res: Resources, query: PartitionQuery, width: int) -> RenderableType:
+    from rich.console import Group
+    from rich.text import Text
+
     from tasks.cli.render import status_renderable
 
     page, summaries, (nodes, letters), now = _views(res, query)
-    return status_renderable(page, summaries, nodes, letters, now, width)
+    queues = _backlog()
+    line = ("queues: the broker does not answer" if queues is None else "queues: " + ", ".join(
+        f"{q['name']} {q['messages']}" + (f" (oldest {q['oldest_s']:.0f}s)"
+                                          if q["oldest_s"] is not None else "")
+        for q in queues))
+    return Group(status_renderable(page, summaries, nodes, letters, now, width), Text(line))
+
+
+def _backlog() -> list[dict[str, Any]] | None:
+    """Each platform queue's backlog on the broker (None: the broker does not answer)."""
+    from kombu.exceptions import OperationalError as BrokerError
+    from redis.exceptions import RedisError
+
+    from tasks.celery import WINGS, app, settings
+    from tasks.worker.backlog import queue_backlog
+    from tasks.worker.queues import queue_names
+
+    try:
+        return [b.as_dict() for b in queue_backlog(app, queue_names(settings, WINGS))]
+    except (BrokerError, RedisError, OSError):
+        return None
 
 
 def _snapshot_json(res: Resources, query: PartitionQuery) -> dict[str, Any]:
@@ -114,4 +137,4 @@ def _snapshot_json(res: Resources, query: PartitionQuery) -> dict[str, Any]:
 
     page, summaries, (nodes, letters), now = _views(res, query)
     return {**ranges_json(summaries, page), "restock_nodes": shards_json(nodes, now),
-            "dead_letters": letters_json(letters)}
+            "dead_letters": letters_json(letters), "queues": _backlog()}

@@ -70,7 +70,8 @@ class Settings:
     tracing: bool = False
     tracing_exporter: str = "otlp"
     # Liveness (tasks/worker/heartbeat.py): a file the worker's main process touches every interval
-    # (unset: none). Probes read its age, so they never queue behind work.
+    # and beat's loop every tick (beat/scheduler.py); unset: none. Probes read its age, so they
+    # never queue behind work.
     worker_heartbeat_file: str | None = None
     worker_heartbeat_interval: float = 5.0
     # RabbitMQ quorum queues drop (or dead-letter) a message returned more often than this:

@@ -16,6 +16,10 @@ the job's filter and sends the partitions of such rows back to work, from `lo`
 closing read per run"). For a visit-once job (`tasks.ranges.visits`) the pass is all: its
 cursor reached `hi`; it has no filter contract to check and no closing round.
 
+A keyed job (tasks.ranges.jobkeys) walks its partition the same way by key: each read takes
+the rows whose key is above the cursor (the last key read), the cursor is stored beside the
+checkpoint (`next_key`), and `next_id` counts the rows read, for progress.
+
 The reads themselves (rows off the driver's cursor as plain tuples when they need no
 conversion) are `tasks.ranges.reads`; every write to the work row, the guard included, is a
 method of `tasks.ranges.workrow.WorkRow`.
@@ -29,10 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, bindparam, select
+from sqlalchemy import ColumnElement, Connection, Row, and_, bindparam, select, tuple_
 from sqlalchemy.orm import Session
 
 from tasks.observe.metrics import record
+from tasks.ranges.jobkeys import KeyValue
 from tasks.ranges.jobs import Context
 from tasks.ranges.metrics import RangeSeries
 from tasks.ranges.outcomes import FilterNotCleared
@@ -54,6 +59,11 @@ class Cursor:
 
     next_id: int
     checked: bool = False  # the filter contract was checked on a batch of this run
+    key: KeyValue | None = None  # a keyed job's: the last key read (None: from the first)
+
+
+# A place in the pass: the checkpoint and, for a keyed job, the last key read.
+At = tuple[int, KeyValue | None]
 
 
 class Batches:
@@ -67,13 +77,14 @@ class Batches:
     def __init__(self, row: WorkRow, partition: Partition, *, next_id: int,
                  clock: Callable[[], float] = time.monotonic,
                  started: float | None = None, lease_ttl: float = float("inf"),
-                 params: Any = None, run: int | None = None) -> None:
+                 params: Any = None, run: int | None = None,
+                 next_key: KeyValue | None = None) -> None:
         self.row, self.job, self.partition = row, row.job, partition
         self.params = params  # the run's parameters (ctx.params; the filter's argument)
         self.run = run  # the run's id (ctx.run, ctx.idempotency_key)
         self.clock = clock
         self.started = clock() if started is None else started
-        self.cursor = Cursor(next_id)
+        self.cursor = Cursor(next_id, key=next_key)
         self.rows_done = 0
         job = self.job
         self.sizer = Sizer(SETTLED.get(job) or job.batch_size, job.target_batch_s,
@@ -87,7 +98,8 @@ class Batches:
         scope = job.run_scope(run)  # a CSV job reads its own run's input
         if scope is not None:
             where = and_(where, scope)
-        self.reads = Reads(job, partition.hi, where)
+        self._where = where
+        self.reads = Reads(job, partition.hi, where, partition.hi_key)
         self._pending_skips: frozenset[int] = frozenset()  # quarantined by the open batch
         self._leave_out()
         self._left_in_range = (select(job.id_col)
@@ -122,59 +134,71 @@ class Batches:
         size = self.sizer.size
         fetch = min(size, self.job.fetch_size or size)
         self._pending_skips = frozenset()
+        at: At = (self.cursor.next_id, self.cursor.key)
         with self.row.sessions.begin() as session:
             conn = session.connection(execution_options=WRITE_INTENT)
-            rows = self._fetch(conn, self.cursor.next_id, fetch)
+            rows = self._fetch(conn, at[0], fetch, **self._after_key(at))
             if not rows:  # nothing matches from the cursor to `hi`
                 return self.row.finish(conn, fence, self.partition.hi + 1)
-            checkpoint, done = self._process(session, conn, fence, rows, pool,
-                                             check=not self.cursor.checked)
+            to, done = self._process(session, conn, fence, rows, pool, at,
+                                     check=not self.cursor.checked)
             short = len(rows) < fetch
             if not short and fetch < size:
-                checkpoint, done, short = self._read_on(session, conn, fence, pool,
-                                                        (checkpoint, done, len(rows)),
-                                                        fetch, size)
+                to, done, short = self._read_on(session, conn, fence, pool,
+                                                (to, done, len(rows)), fetch, size)
             # A short read saw every matching row up to `hi`: the partition is done with
             # this batch, in its transaction.
             final = self.row.finish(conn, fence, self.partition.hi + 1) if short else None
-        self._advance(checkpoint, done)
-        return final if final is not None else checkpoint
+        self._advance(to, done)
+        return final if final is not None else to[0]
+
+    def _after_key(self, at: At) -> dict[str, Any]:
+        """The cursor key argument of a keyed job's read (none for an integer key)."""
+        return {"after": at[1]} if self.job.keyed else {}
+
+    def _past(self, rows: Sequence[Row[Any]], at: At) -> At:
+        """The place after `rows`, read from `at`: past the last id, or (a keyed job) the
+        rows counted and the last key read."""
+        if self.job.keyed:
+            return at[0] + len(rows), self.reads.key_at(rows, -1)
+        return max(at[0], id_at(rows, -1, self.job.id_column) + 1), None
 
     def _read_on(self, session: Session, conn: Connection, fence: int,
-                 pool: ThreadPoolExecutor | None, so_far: tuple[int, int, int],
-                 fetch: int, size: int) -> tuple[int, int, bool]:
+                 pool: ThreadPoolExecutor | None, so_far: tuple[At, int, int],
+                 fetch: int, size: int) -> tuple[At, int, bool]:
         """The rest of a batch bigger than the job's `fetch_size`: more reads of `fetch_size`
         rows, each processed as it is read (a few thousand rows at a time stay in the CPU's
         caches; tens of thousands at once do not), in the same transaction, up to `size` rows;
         then the checkpoint moves past them. Returns the checkpoint, the rows processed and
         whether a read came back short (the keyset pass reached `hi`)."""
-        checkpoint, done, read = so_far
+        at, done, read = so_far
         short = False
         while read < size and not short:
             want = min(fetch, size - read)
-            rows = self._fetch(conn, checkpoint, want)
+            rows = self._fetch(conn, at[0], want, **self._after_key(at))
             short = len(rows) < want
             if rows:
                 read += len(rows)
                 done += self._apply(session, conn, fence, rows, pool,
                                     check=not self.cursor.checked)
-                checkpoint = max(checkpoint, id_at(rows, -1, self.job.id_column) + 1)
-        self.row.move_on(conn, fence, checkpoint, read - so_far[2])
-        return checkpoint, done, short
+                at = self._past(rows, at)
+        self.row.move_on(conn, fence, at[0], read - so_far[2], self.job.keyset.encode(at[1]))
+        return at, done, short
 
-    def _fetch(self, conn: Connection, from_id: int, size: int) -> BatchRows:
-        """The next `size` rows to do from `from_id` (a seam for the tests)."""
-        return self.reads.fetch(conn, from_id, size)
+    def _fetch(self, conn: Connection, from_id: int, size: int, **after: Any) -> BatchRows:
+        """The next `size` rows to do from `from_id` (a keyed job's: `after` its cursor
+        key; a seam for the tests)."""
+        return self.reads.fetch(conn, from_id, size, **after)
 
     def _process(self, session: Session, conn: Connection, fence: int,
-                 rows: Sequence[Row[Any]], pool: ThreadPoolExecutor | None, *,
-                 check: bool) -> tuple[int, int]:
-        """Guard the work row, then run the job on `rows`, in the batch's transaction; return
-        the new checkpoint and how many rows were processed (not skipped)."""
-        checkpoint = id_at(rows, -1, self.job.id_column) + 1
+                 rows: Sequence[Row[Any]], pool: ThreadPoolExecutor | None, at: At, *,
+                 check: bool) -> tuple[At, int]:
+        """Guard the work row, then run the job on `rows` (read from `at`), in the batch's
+        transaction; return the new place and how many rows were processed (not skipped)."""
+        to = self._past(rows, at)
         rate = (self.rows_done + len(rows)) / max(self.clock() - self.started, 1e-6)
-        self.row.checkpoint(conn, fence, checkpoint, len(rows), rate)
-        return checkpoint, self._apply(session, conn, fence, rows, pool, check=check)
+        self.row.checkpoint(conn, fence, to[0], len(rows), rate, self.job.keyset.encode(to[1]))
+        return to, self._apply(session, conn, fence, rows, pool, check=check)
 
     def _apply(self, session: Session, conn: Connection, fence: int,
                rows: Sequence[Row[Any]], pool: ThreadPoolExecutor | None, *,
@@ -182,11 +206,14 @@ class Batches:
         """Run the job on `rows` (its skip policy too) and check its filter contract; return
         how many rows were processed. The work row's `rows_done` already counts every row."""
         id_column = self.job.id_column
-        exact = conn.dialect.name == "sqlite"  # the write lock is held from the read on
+        # The write lock is held from the read on (SQLite); an id span needs integer ids.
+        exact = conn.dialect.name == "sqlite" and not self.job.keyed
 
         def run(chunk: Sequence[Row[Any]]) -> None:
-            first, last = id_at(chunk, 0, id_column), id_at(chunk, -1, id_column)
-            span = (first, last) if exact and self._clear_of_quarantine(first, last) else None
+            span = None
+            if exact:
+                first, last = id_at(chunk, 0, id_column), id_at(chunk, -1, id_column)
+                span = (first, last) if self._clear_of_quarantine(first, last) else None
             self.job.process(chunk, Context(session, fence, self.job, self.partition, pool,
                                             span, self.params, self.run))
 
@@ -203,10 +230,11 @@ class Batches:
         self._pending_skips |= frozenset(skipped)
         return len(rows)
 
-    def _advance(self, checkpoint: int, rows: int) -> int:
+    def _advance(self, to: At, rows: int) -> int:
         """After a batch committed: the cursor moves on (past the rows it quarantined)."""
         self.rows_done += rows
-        self.cursor.next_id = checkpoint
+        checkpoint = self.cursor.next_id = to[0]
+        self.cursor.key = to[1]
         if self.skips is not None and self._pending_skips:
             self.skips.quarantined |= self._pending_skips
             self._pending_skips = frozenset()
@@ -229,6 +257,9 @@ class Batches:
         if one does (a row the batch left matching, a quarantined row, or a row committed
         into the range meanwhile) are the batch's own ids looked up, CHECK_CHUNK at a time."""
         job = self.job
+        if job.keyed:
+            self._check_keys_cleared(conn, rows)
+            return
         first, last = id_at(rows, 0, job.id_column), id_at(rows, -1, job.id_column)
         if conn.execute(self._left_in_range, {"first": first, "last": last}).first() is None:
             return
@@ -243,3 +274,26 @@ class Batches:
                 f"range job {job.name}: row {left} still matches the job's filter after it was "
                 "processed (the process function must make processed rows stop matching "
                 "`where`); nothing of this batch was written")
+
+    def _check_keys_cleared(self, conn: Connection, rows: Sequence[Row[Any]]) -> None:
+        """`_check_cleared` for a keyed job: no row of the batch's key range matches, else
+        none of the batch's own keys does."""
+        key, dialect = self.job.keyset, conn.dialect.name
+        first, last = self.reads.key_at(rows, 0), self.reads.key_at(rows, -1)
+        in_range = (select(*key.columns).where(
+            key.at_least(dialect, key.literal(first)), key.at_most(dialect, key.literal(last)),
+            self._where).limit(1))
+        if conn.execute(in_range).first() is None:
+            return
+        keys = [self.reads.key_at(rows, i) for i in range(len(rows))]
+        for at in range(0, len(keys), CHECK_CHUNK // len(key.columns)):
+            chunk = keys[at:at + CHECK_CHUNK // len(key.columns)]
+            among: ColumnElement[bool] = (key.columns[0].in_([k[0] for k in chunk])
+                                          if len(key.columns) == 1
+                                          else tuple_(*key.columns).in_(chunk))
+            left = conn.execute(select(*key.columns).where(among, self._where).limit(1)).first()
+            if left is not None:
+                raise FilterNotCleared(
+                    f"range job {self.job.name}: row with key {tuple(left)} still matches the "
+                    "job's filter after it was processed (the process function must make "
+                    "processed rows stop matching `where`); nothing of this batch was written")

@@ -26,6 +26,10 @@ becomes `following`, stays live, and the closing read repeats every `settle` sec
 (RANGE_SETTLE), reopening the partitions of rows that came to match, until it is cancelled. A
 job reconciled without a run (activated directly) is followed the same way.
 
+A keyed job (tasks.ranges.jobkeys) reads the same, and the database says which partition
+holds each row found (a CASE over the partitions' upper keys, in its own ordering), since
+Python cannot order keys as the database does (a string's collation).
+
 Cost: the partition bounds of the job (one read) and one statement,
 `SELECT id FROM <table> WHERE <filter> LIMIT n` (n = CLOSING_LIMIT plus the quarantined rows):
 a scan of the rows still to do, through an index on the filter if the table has one, else
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import ColumnElement, case, func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.jobs import RangeJob
@@ -64,7 +68,8 @@ from tasks.ranges.workrow import partitions_of
 from tasks.store.db import affected, utcnow
 from tasks.store.validate import InvalidArguments
 
-__all__ = ["Closing", "close_run", "closing_read", "CLOSING_LIMIT", "nothing_open"]
+__all__ = ["Closing", "close_run", "closing_read", "keyed_closing_read", "CLOSING_LIMIT",
+           "nothing_open"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -89,7 +94,7 @@ class Closing:
 class _Snapshot:
     """The job's partitions when the closing round began: bounds, and what may not change."""
 
-    parts: list[Any]  # (part, lo, hi) ordered by lo
+    parts: list[Any]  # (part, lo, hi, hi_key) ordered by lo
     finished: int
     fences: int
 
@@ -138,16 +143,16 @@ def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
     snapshot, began = _snapshot(sessions, job.name), utcnow()
     started = clock()
     with sessions() as session:
-        found = closing_read(session, job, params)
-    result.seconds, result.found = clock() - started, len(found)
+        result.found, holding = _found(session, job, params, snapshot)
+    result.seconds = clock() - started
     with writing(sessions) as session:
         if not hold(session):
             result.overtaken = True
             return result
         session.execute(update(SCHEDULES).where(
             SCHEDULES.c.name == range_schedule_name(job.name)).values(closed_at=began))
-        if found:
-            result.reopened = _reopen(session, job.name, snapshot, found)
+        if result.found:
+            result.reopened = _reopen(session, job.name, holding)
         elif run is not None and state == RunState.RUNNING and _unchanged(session, job.name,
                                                                           snapshot):
             to = RunState.FOLLOWING if job.follow else RunState.SUCCEEDED
@@ -213,9 +218,10 @@ def _due(sessions: sessionmaker[Session], job: str, settle: float) -> bool:
 
 def _snapshot(sessions: sessionmaker[Session], job: str) -> _Snapshot:
     with sessions() as session:
-        rows = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.fence).where(
+        rows = session.execute(select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.fence,
+                                      WORK.c.hi_key).where(
             partitions_of(job)).order_by(WORK.c.lo)).all()
-    return _Snapshot([(r.part, r.lo, r.hi) for r in rows], len(rows),
+    return _Snapshot([(r.part, r.lo, r.hi, r.hi_key) for r in rows], len(rows),
                      sum(int(r.fence) for r in rows))
 
 
@@ -230,23 +236,51 @@ def _unchanged(session: Session, job: str, snapshot: _Snapshot) -> bool:
         snapshot.finished, snapshot.finished, snapshot.fences)
 
 
-def _reopen(session: Session, job: str, snapshot: _Snapshot, found: list[int]) -> list[int]:
-    """The finished partitions holding `found` rows go back to pending, their checkpoint back
-    at `lo` (the rows lie below it). A row outside every partition (committed after this round
-    planned) is planned by the next round."""
-    los = [lo for _part, lo, _hi in snapshot.parts]
+def _found(session: Session, job: RangeJob, params: Any,
+           snapshot: _Snapshot) -> tuple[int, set[int]]:
+    """The closing read: how many rows still to do it found, and the partitions holding
+    them. A row outside every partition (committed after this round planned) is planned by
+    the next round."""
+    if job.keyed:
+        parts = keyed_closing_read(session, job, params, snapshot.parts)
+        return len(parts), {p for p in parts if p is not None}
+    found = closing_read(session, job, params)
+    los = [lo for _part, lo, _hi, _key in snapshot.parts]
     holding = set()
     for row_id in found:
         at = bisect.bisect_right(los, row_id) - 1
         if at >= 0 and row_id <= snapshot.parts[at][2]:
             holding.add(snapshot.parts[at][0])
+    return len(found), holding
+
+
+def keyed_closing_read(session: Session, job: RangeJob, params: Any,
+                       parts: list[Any]) -> list[int | None]:
+    """For up to CLOSING_LIMIT rows of a keyed job still to do, the partition holding each
+    (None: the job has no partition yet). Partitions of a keyed plan are numbered in key
+    order, each up to its `hi_key` (the last one unbounded)."""
+    key, dialect = job.keyset, session.get_bind().dialect.name
+    ordered = sorted(parts)
+    part_of: ColumnElement[Any] = literal(None)
+    if ordered:
+        whens = [(key.at_most(dialect, key.literal(key.decode(hi_key) or ())), part)
+                 for part, _lo, _hi, hi_key in ordered[:-1]]
+        part_of = case(*whens, else_=ordered[-1][0]) if whens else literal(ordered[-1][0])
+    query = select(part_of).where(job.filter(params)).limit(CLOSING_LIMIT)
+    return [None if p is None else int(p) for p in session.execute(query).scalars()]
+
+
+def _reopen(session: Session, job: str, holding: set[int]) -> list[int]:
+    """The finished partitions in `holding` go back to pending, their checkpoint back at
+    `lo` (a keyed job's cursor at `lo_key`): the rows found lie below it."""
     if not holding:
         return []
     parts = sorted(holding)
     session.execute(update(WORK).where(
         partitions_of(job), WORK.c.part.in_(parts),
         WORK.c.status.in_((S.DONE, S.EMPTY)))
-        .values(status=S.PENDING, next_id=WORK.c.lo, finished_at=None, dispatched_at=None))
+        .values(status=S.PENDING, next_id=WORK.c.lo, next_key=WORK.c.lo_key, finished_at=None,
+                dispatched_at=None))
     return parts
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, Program
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.collections import store_input
+from tasks.ranges.cuts import probe
 from tasks.ranges.jobs import CSV_INPUT, RangeJob, get_job
 from tasks.ranges.keys import range_schedule_name
 from tasks.ranges.params import as_text, values_of
@@ -236,13 +237,14 @@ class Controls:
         cannot be read (missing, no such column); a database that is away raises as is."""
         try:
             with self.sessions() as session:
-                session.execute(select(func.min(job.id_col)))
+                probe(session, job)  # the key in key order, as planning reads it
         except DBAPIError as exc:
-            if not isinstance(exc, ProgrammingError) and "no such" not in str(exc.orig):
+            if not _refusal(exc):
                 raise  # the database is away or busy: not the job's fault
-            raise ControlRefused(f"start {job.name}: cannot read the ids of table "
-                                 f"{job.table.name}: {str(getattr(exc, 'orig', exc))[:300]}"
-                                 ) from None
+            what = "keys" if job.keyed else "ids"
+            reason = " ".join(str(getattr(exc, "orig", exc)).split())[:300]
+            raise ControlRefused(f"start {job.name}: cannot read the {what} of table "
+                                 f"{job.table.name}: {reason}") from None
 
     @settled
     def pause(self, job: str, actor: str) -> dict[str, Any]:
@@ -390,6 +392,19 @@ def _then(then: Then | None, session: Session, job: str, run_id: int) -> None:
     if then is not None and not then(session, run_id):
         raise Overtaken(f"start {job}: overtaken (its due time was fired elsewhere); "
                         "nothing was changed")
+
+
+# MySQL/MariaDB error codes of a statement the job's table cannot answer (PyMySQL raises the
+# first as OperationalError): no such column, no such table.
+_REFUSED_CODES = (1054, 1146)
+
+
+def _refusal(exc: DBAPIError) -> bool:
+    """The job's table cannot be read as the job declares it (not an outage)."""
+    if isinstance(exc, ProgrammingError) or "no such" in str(exc.orig):
+        return True
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return bool(args) and args[0] in _REFUSED_CODES
 
 
 def _deferred(what: str, exc: BaseException) -> str:

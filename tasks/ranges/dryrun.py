@@ -34,8 +34,9 @@ from sqlalchemy import ColumnElement, Connection, Table, func, or_, select
 from sqlalchemy.exc import CompileError
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.ranges.cuts import walk
 from tasks.ranges.jobs import InvalidArguments, RangeJob
-from tasks.ranges.planning import StoredPlan, plan_after, plan_partitions
+from tasks.ranges.planning import StoredPlan, plan_after, plan_keyed, plan_partitions
 from tasks.ranges.reads import Reads
 from tasks.ranges.tables import RANGE_RUNS, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
@@ -146,12 +147,18 @@ def _first_batch(conn: Connection, job: RangeJob, where: ColumnElement[bool],
     part = by_lo[max(at, 0)]
     reads = Reads(job, part.hi, where)
     result.sql = _sql(conn, reads.statement(part.from_id, job.batch_size))
+    _timed_batch(conn, reads, part.part, part.from_id, job.batch_size, result)
+
+
+def _timed_batch(conn: Connection, reads: Reads, part: int, from_id: int, size: int,
+                 result: DryRun, after: Any = None) -> None:
+    """The first batch's read, timed: its first rows, the reading rate and the ETA."""
     began = time.perf_counter()
-    rows = reads.fetch(conn, part.from_id, job.batch_size)
+    rows = reads.fetch(conn, from_id, size, after)
     seconds = max(time.perf_counter() - began, 1e-6)
     result.rows = [{k: _plain(v) for k, v in r._mapping.items()} for r in rows[:SHOW_ROWS]]
     rate = len(rows) / seconds
-    result.sample = {"part": part.part, "rows": len(rows), "seconds": round(seconds, 6),
+    result.sample = {"part": part, "rows": len(rows), "seconds": round(seconds, 6),
                      "rows_per_s": round(rate, 1)}
     result.eta_s = round(result.estimated_rows / rate, 3) if rows else None
 
@@ -167,6 +174,11 @@ def dry_run(sessions: sessionmaker[Session], job: RangeJob, params: Any,
     where = job.filter(params)
     with sessions() as session:
         conn = session.connection()
+        if job.keyed:
+            try:
+                return _keyed_dry_run(conn, job, where, shown)
+            finally:
+                session.rollback()
         try:
             lo, hi = conn.execute(select(select(func.min(job.id_col)).scalar_subquery(),
                                          select(func.max(job.id_col)).scalar_subquery())).one()
@@ -184,4 +196,49 @@ def dry_run(sessions: sessionmaker[Session], job: RangeJob, params: Any,
                 _first_batch(conn, job, where, parts, result)
         finally:
             session.rollback()
+    return result
+
+
+def _keyed_dry_run(conn: Connection, job: RangeJob, where: ColumnElement[bool],
+                   shown: dict[str, Any] | None) -> DryRun:
+    """A keyed job's dry run (tasks.ranges.jobkeys): the stored plan, or the one the walk of
+    the key's index would cut; rows to do estimated from the share of the first SAMPLE_IDS
+    rows in key order that match the filter (exact on a table of at most that many rows);
+    the first batch of the first open partition in key order."""
+    key = job.keyset
+    latest = conn.execute(select(RANGE_RUNS.c.state).where(RANGE_RUNS.c.job == job.name)
+                          .order_by(RANGE_RUNS.c.id.desc()).limit(1)).scalar()
+    stored = [] if latest == RunState.CANCELLED else conn.execute(
+        select(WORK.c.part, WORK.c.lo, WORK.c.hi, WORK.c.lo_key, WORK.c.hi_key,
+               WORK.c.next_id, WORK.c.next_key, WORK.c.status)
+        .where(partitions_of(job.name)).order_by(WORK.c.part)).all()
+    parts = [(p.part, p.lo, p.hi, key.decode(p.hi_key),
+              key.decode(p.lo_key if p.status in (S.DONE, S.EMPTY) else p.next_key),
+              p.next_id) for p in stored]
+    if not stored:
+        cuts, total, step = walk(conn, job, job.partition_size)
+        parts = [(p.part, p.lo, p.hi, p.hi_key, p.lo_key, p.lo)
+                 for p in plan_keyed(cuts, total, step)]
+    rows = int(conn.execute(select(func.count()).select_from(job.table)).scalar_one())
+    count = select(func.count()).select_from(job.table).where(where)
+    edge = conn.execute(select(*key.columns).order_by(*key.columns)
+                        .offset(SAMPLE_IDS - 1).limit(1)).first()
+    if edge is None:
+        estimate = Estimate(int(conn.execute(count).scalar_one()), True)
+    else:
+        matched = conn.execute(count.where(key.at_most(conn.dialect.name,
+                                                       key.literal(tuple(edge))))).scalar_one()
+        estimate = Estimate(round(int(matched) * rows / SAMPLE_IDS), False)
+    share = estimate.rows / rows if rows else 0.0
+    result = DryRun(job.name, shown, len(parts), [], estimate.rows, estimate.exact)
+    for part, lo, hi, _hi_key, after, from_id in parts[:SHOW_PARTITIONS]:
+        result.partitions.append({"part": part, "lo": lo, "hi": hi, "from_id": from_id,
+                                  "lo_key": key.encode(after), "estimated_rows":
+                                  round((hi - lo + 1) * share), "exact": False})
+    if parts:
+        part, _lo, hi, hi_key, after, from_id = parts[0]
+        reads = Reads(job, hi, where, hi_key)
+        result.sql = _sql(conn, reads.statement(from_id, job.batch_size, conn.dialect.name,
+                                                after))
+        _timed_batch(conn, reads, part, from_id, job.batch_size, result, after)
     return result

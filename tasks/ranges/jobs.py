@@ -32,6 +32,12 @@ Two kinds of job, by what they promise (README, "Which rows a run processes"):
   Effects outside the database carry `ctx.idempotency_key(row)`: (job, run, row key), the
   same when a batch is retried, new in the next run.
 
+The key (`tasks.ranges.jobkeys`): `id_column` names one column, `key` a tuple of them in key
+order (`key=("created_at", "id")`); integer, string, UUID, date and datetime columns, unique
+and NOT NULL. One integer column is walked by id range as above; any other key by keyset
+(`key > :cursor`), in partitions cut by row count (`partition_by="rows"`, also available for
+an integer key on a skewed id space).
+
 Run parameters (`tasks.ranges.params`): `params` is a dataclass class whose instance, built
 from the values given at start and stored on the run, reaches `process` as `ctx.params`.
 `where` may then be a function of it, `where=lambda p: ORDERS.c.tenant == p.tenant`, called
@@ -41,21 +47,19 @@ once per partition run and once per closing round with the run's parameters.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, Row, Table, any_, bindparam, true
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Row, Table, true
 from sqlalchemy.sql import ClauseElement
 
+from tasks.ranges.context import Context
 from tasks.ranges.cron import parse_cron, validate_missed, validate_policy
 from tasks.ranges.hooks import HOOKS, Hook, validate_hook
+from tasks.ranges.jobkeys import JobKey, key_of_job
 from tasks.ranges.keys import range_lease_name
 from tasks.ranges.params import InvalidParams, build, decode, encode, fields_of
-from tasks.ranges.planning import Partition
 from tasks.ranges.sizing import validate_sizing
 from tasks.ranges.skips import validate_skips
 from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, text_arg
@@ -63,8 +67,6 @@ from tasks.store.validate import INT32_MAX, InvalidArguments, int_arg, quote, te
 __all__ = ["RangeJob", "Context", "Visits", "CSV_INPUT", "UnknownJob", "InvalidArguments",
            "register", "get_job", "registered_jobs", "validate_job_name", "validate_part"]
 
-T = TypeVar("T")
-R = TypeVar("R")
 
 ProcessFn = Callable[[Sequence[Row[Any]], "Context"], None]
 # A custom collection's source (tasks.ranges.collections): (cursor, size) -> (items, cursor
@@ -91,72 +93,8 @@ class UnknownJob(InvalidArguments):
 
 
 @dataclass(frozen=True)
-class Context:
-    """What a process function gets besides its rows.
-
-    `session` is the batch's transaction; `fence` is the lease's fencing token (store it beside
-    an effect to show which holder made it); `map` runs a function over the rows on the job's
-    thread pool and returns the results in order.
-
-    `in_batch(column, ids)` is `column IN ids` in the form the database runs fastest (an array
-    parameter on PostgreSQL).
-
-    `span` is `(first id, last id)` of the rows when they are *every* row of that id range that
-    matches the job's filter, and nothing can add one before the batch commits (SQLite: the
-    batch holds the write lock from its read on); a job may then write by the id range
-    (`id BETWEEN first AND last AND <filter>`) instead of by the list of ids. None otherwise
-    (a skipped row lies in the range, or another database where a row can commit in between).
-
-    `params` is the run's parameters, an instance of the job's `params` dataclass (None if the
-    job declares none).
-
-    `run` is the id of the run the partition belongs to; `idempotency_key(row)` is the key an
-    effect outside the database carries so its receiver can drop a retried batch's repeats.
-    """
-
-    session: Session
-    fence: int
-    job: RangeJob
-    partition: Partition
-    pool: ThreadPoolExecutor | None = None
-    span: tuple[int, int] | None = None
-    params: Any = None
-    run: int | None = None
-
-    def idempotency_key(self, row: Any) -> str:
-        """`JOB:RUN:KEY` for `row` (a row of the job's table, or its key itself): the same
-        for every retry of the batch within this run (a holder that died, a takeover), a
-        new one in the next run. A receiver that accepts each key once (`SET key NX`, a
-        unique column) applies each row's effect once per run."""
-        if self.run is None:
-            raise RuntimeError(f"range job {self.job.name}: no run, so no idempotency key "
-                               "(start the job: python -m tasks jobs start)")
-        key = getattr(row, self.job.id_column, row)
-        if isinstance(key, dict | list | set):
-            raise TypeError(f"range job {self.job.name}: idempotency_key takes a row of the "
-                            "job's table or a key (a collection's item: pass its key, "
-                            "ctx.idempotency_key(item['id'])), not a "
-                            f"{type(key).__name__}")
-        return f"{self.job.name}:{self.run}:{key}"
-
-    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        if self.pool is None:
-            return [fn(item) for item in items]
-        return list(self.pool.map(fn, items))
-
-    def in_batch(self, column: ColumnElement[Any], ids: Iterable[Any]) -> ColumnElement[bool]:
-        """`column IN ids`, in the form this database runs fastest: one array parameter on
-        PostgreSQL (`column = ANY(:ids)`, one plan whatever the count), an IN list elsewhere
-        (under the driver's bind limit: SQLite 32,766 parameters, MySQL 65,535)."""
-        values = list(ids)
-        if self.session.get_bind().dialect.name == "postgresql":
-            return column == any_(bindparam(None, values, type_=ARRAY(column.type)))
-        return column.in_(values)
-
-
-@dataclass(frozen=True)
 class RangeJob:
-    """A job that walks `table` in id-range partitions, batch by batch, exactly once."""
+    """A job that walks `table` in partitions of its key, batch by batch, exactly once."""
 
     name: str
     table: Table
@@ -214,6 +152,15 @@ class RangeJob:
     # partition whose checkpoint is the page's cursor.
     input: str | None = None
     pages: PagesFn | None = None
+    # The key the job walks (tasks.ranges.jobkeys): column names in key order, e.g.
+    # ("created_at", "id"); None: `id_column` alone. One integer column keeps id-span
+    # partitions unless `partition_by="rows"`; any other key is cut by row count.
+    key: tuple[str, ...] | str | None = None
+    # How partitions are cut: "ids" (`partition_size` ids each; integer keys only) or "rows"
+    # (about `partition_size` rows each, from a walk of the key's index). None: "ids" for an
+    # integer key, "rows" for any other.
+    partition_by: str | None = None
+    keyset: JobKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_job_name(self.name)
@@ -230,17 +177,55 @@ class RangeJob:
         validate_skips(self.name, self.skip_on, self.skip_limit)
         if self.rows_per_s is not None and not 0 <= self.rows_per_s < float("inf"):
             raise ValueError(f"range job {self.name}: rows_per_s must be a finite number >= 0")
-        for column in (self.id_column, *self.columns):
+        self._check_key()
+
+    def _check_key(self) -> None:
+        names = self.key if self.key is not None else (self.id_column,)
+        if isinstance(names, str):
+            names = (names,)
+        if not isinstance(names, tuple):
+            raise ValueError(f"range job {self.name}: key must be a tuple of column names, "
+                             f"got {names!r}")
+        # A collection reads one run's input at a time: `line` is unique within its run.
+        scoped = (frozenset({"run"}) if self.input == CSV_INPUT or self.pages is not None
+                  else frozenset())
+        keyset = key_of_job(self.name, self.table, names, scoped)
+        object.__setattr__(self, "keyset", keyset)
+        object.__setattr__(self, "id_column", keyset.names[0])
+        by = self.partition_by or ("ids" if keyset.integer else "rows")
+        if by not in ("ids", "rows"):
+            raise ValueError(f"range job {self.name}: partition_by must be 'ids' or 'rows', "
+                             f"got {by!r}")
+        if by == "ids" and not keyset.integer:
+            raise ValueError(f"range job {self.name}: key {', '.join(keyset.names)} is not one "
+                             "integer column, so its partitions are cut by rows "
+                             "(partition_by='rows'), not by ids")
+        for column in self.columns:
             if column not in self.table.c:
                 raise ValueError(f"range job {self.name}: table {self.table.name} has no "
                                  f"column {column!r}")
-        if not isinstance(self.id_col.type, Integer):
-            raise ValueError(f"range job {self.name}: id column {self.id_column!r} of table "
-                             f"{self.table.name} is {self.id_col.type}; partitions are id "
-                             "ranges, so it must be an integer column")
-        if self.columns and self.id_column not in self.columns:
-            raise ValueError(f"range job {self.name}: columns must include the id column "
-                             f"{self.id_column!r} (the runner keeps its place by it)")
+        missing = [n for n in keyset.names if self.columns and n not in self.columns]
+        if missing:
+            what = "id" if keyset.integer else "key"
+            raise ValueError(f"range job {self.name}: columns must include the {what} column "
+                             f"{missing[0]!r} (the runner keeps its place by it)")
+        if not keyset.integer and self.skip_on:
+            raise ValueError(f"range job {self.name}: a skip policy (skip_on) needs an integer "
+                             "key; a keyed job's bad row fails its partition")
+        if not keyset.integer and self.visits == Visits.ONCE:
+            raise ValueError(f"range job {self.name}: visits=\"once\" needs an integer key "
+                             "(its plan is one read of the key's bounds); a keyed job visits "
+                             "by its filter")
+
+    @property
+    def keyed(self) -> bool:
+        """The job walks a key that is not one integer column (tasks.ranges.jobkeys)."""
+        return not self.keyset.integer
+
+    @property
+    def by_rows(self) -> bool:
+        """Partitions are cut by row count (a keyed job's always are)."""
+        return self.keyed or self.partition_by == "rows"
 
     def _check_hooks_and_schedule(self) -> None:
         for attr in HOOKS.values():
@@ -340,6 +325,7 @@ class RangeJob:
 
     @property
     def id_col(self) -> Any:
+        """The key's first column (an integer key's only column)."""
         return self.table.c[self.id_column]
 
     def lease_name(self, part: int) -> str:

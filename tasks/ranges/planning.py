@@ -8,15 +8,21 @@ in force at that moment, so changing a job's partition size can never make two o
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["Partition", "StoredPlan", "plan_partitions", "plan_after", "partition_of"]
+__all__ = ["Partition", "StoredPlan", "plan_partitions", "plan_after", "partition_of",
+           "plan_by_rows", "plan_keyed"]
 
 
 class Partition(NamedTuple):
+    """Ids `lo..hi`; for a keyed job (tasks.ranges.jobkeys) the keys `lo_key < key <= hi_key`
+    (None: unbounded), `lo..hi` then the row ordinals the plan counted in it."""
+
     part: int
     lo: int
     hi: int
+    lo_key: tuple[Any, ...] | None = None
+    hi_key: tuple[Any, ...] | None = None
 
 
 def partition_of(row_id: int, size: int) -> int:
@@ -63,3 +69,24 @@ def plan_after(stored: StoredPlan | None, min_id: int | None, max_id: int | None
     los = [stored.lo - (i + 1) * size for i in range(below)]
     los += [stored.hi + 1 + i * size for i in range(above)]
     return [Partition(stored.last_part + 1 + n, lo, lo + size - 1) for n, lo in enumerate(los)]
+
+
+def plan_by_rows(min_id: int, max_id: int, cuts: list[int]) -> list[Partition]:
+    """A first plan of an integer key cut by row count: `cuts` are the last id of each
+    partition but the last (ascending, from a walk of the index), the last ends at
+    `max_id`."""
+    his = [c for c in cuts if min_id <= c < max_id] + [max_id]
+    los = [min_id] + [c + 1 for c in his[:-1]]
+    return [Partition(i, lo, hi) for i, (lo, hi) in enumerate(zip(los, his, strict=True))]
+
+
+def plan_keyed(cuts: list[tuple[Any, ...]], rows: int, step: int) -> list[Partition]:
+    """A keyed job's plan from `cuts`, the last key of each partition but the last (from a
+    walk of `step` rows at a time over `rows` rows): the first partition has no lower bound
+    and the last no upper one, so every key lies in exactly one. `lo..hi` are the ordinals
+    of the rows the walk counted in each."""
+    if rows <= 0:
+        return []
+    bounds: list[tuple[Any, ...] | None] = [None, *cuts, None]
+    return [Partition(i, i * step + 1, rows if i == len(cuts) else (i + 1) * step,
+                      bounds[i], bounds[i + 1]) for i in range(len(cuts) + 1)]

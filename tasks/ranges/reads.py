@@ -1,5 +1,6 @@
 """The reads of one run of a partition: its rows from an id up to `hi` that match the job's
-filter, in id order, its quarantined rows left out.
+filter, in id order, its quarantined rows left out. A keyed job's (tasks.ranges.jobkeys): its
+rows after a cursor key up to `hi_key`, in key order.
 
 Rows come off the driver's cursor as plain tuples (`BatchRows`) when the job's columns need no
 conversion on the dialect; SQLAlchemy `Row`s are made only if the job looks at its rows. The
@@ -16,6 +17,7 @@ from sqlalchemy import ColumnElement, Connection, Dialect, Integer, Row, Select,
 from sqlalchemy.engine import result_tuple
 from sqlalchemy.exc import SQLAlchemyError
 
+from tasks.ranges.jobkeys import KeyValue
 from tasks.ranges.jobs import RangeJob
 
 __all__ = ["Reads", "BatchRows", "id_at", "ids_of", "plain"]
@@ -41,6 +43,11 @@ class BatchRows(Sequence[Row[Any]]):
 
     def id_at(self, index: int) -> int:
         return int(self._raw[index][self._id])
+
+    def values_at(self, index: int, positions: Sequence[int]) -> tuple[Any, ...]:
+        """The values at `positions` of row `index` (a keyed job's key)."""
+        row = self._raw[index]
+        return tuple(row[p] for p in positions)
 
     def ids(self) -> list[int]:
         i = self._id
@@ -99,16 +106,25 @@ class Reads:
     """The reads of `job`'s rows up to `hi`: `fetch(conn, from_id, size)` returns the next
     `size` rows that match `where` (the job's filter for the run's parameters) from
     `from_id`, in id order, leaving out the ids given to `leave_out` (the partition's
-    quarantined rows; they still match the filter)."""
+    quarantined rows; they still match the filter).
 
-    def __init__(self, job: RangeJob, hi: int, where: ColumnElement[bool]) -> None:
+    A keyed job's reads go by key instead (`hi_key` the partition's upper bound, None: none):
+    `fetch(conn, from_id, size, after=cursor)` returns the next rows whose key is above
+    `cursor` (None: from the first), `from_id` unused."""
+
+    def __init__(self, job: RangeJob, hi: int, where: ColumnElement[bool],
+                 hi_key: KeyValue | None = None) -> None:
         columns = ([job.table.c[c] for c in job.columns] if job.columns
                    else list(job.table.c))
         self.job = job
         self._columns = columns
-        self._id_index = [c.key for c in columns].index(job.id_column)
-        self._make_row = result_tuple([c.key for c in columns], [(c,) for c in columns])
+        names = [c.key for c in columns]
+        self._id_index = names.index(job.id_column)
+        self._key_index = [names.index(n) for n in job.keyset.names]
+        self._make_row = result_tuple(names, [(c,) for c in columns])
         self._raw_ok: bool | None = None  # the columns need no conversion (first read says)
+        self._where, self._hi_key = where, hi_key
+        self._keyed: dict[tuple[str, bool], Select[Any]] = {}
         self._query = (select(*columns)
                        .where(job.id_col >= bindparam("from_id"), job.id_col <= hi, where)
                        .order_by(job.id_col).limit(bindparam("size", type_=Integer)))
@@ -127,15 +143,48 @@ class Reads:
         self._left_out = ids
         self._read = self._query.where(self.job.id_col.not_in(sorted(ids)))
 
-    def statement(self, from_id: int, size: int) -> Select[Any]:
+    def key_at(self, rows: Sequence[Row[Any]], index: int) -> KeyValue:
+        """The key of `rows[index]` (a keyed job's cursor after it)."""
+        if isinstance(rows, BatchRows):
+            return rows.values_at(index, self._key_index)
+        return self.job.keyset.of_row(rows[index])
+
+    def _keyed_read(self, dialect: str, after: bool) -> Select[Any]:
+        """A keyed job's read on `dialect`: rows above the cursor `k0, k1, ...` (`after`) or
+        from the first, up to `hi_key`, in key order."""
+        found = self._keyed.get((dialect, after))
+        if found is None:
+            key = self.job.keyset
+            query = select(*self._columns).where(self._where)
+            if self._hi_key is not None:
+                query = query.where(key.at_most(dialect, key.literal(self._hi_key)))
+            if after:
+                query = query.where(key.above(dialect, key.params()))
+            found = self._keyed[(dialect, after)] = (
+                query.order_by(*key.columns).limit(bindparam("size", type_=Integer)))
+        return found
+
+    def statement(self, from_id: int, size: int, dialect: str = "",
+                  after: KeyValue | None = None) -> Select[Any]:
         """The read `fetch(conn, from_id, size)` runs, its values bound (a dry run shows it)."""
+        if self.job.keyed:
+            read = self._keyed_read(dialect, after is not None)
+            values = self.job.keyset.bind(after) if after is not None else {}
+            return read.params(size=size, **values)
         return self._read.params(from_id=from_id, size=size)
 
-    def fetch(self, conn: Connection, from_id: int, size: int) -> BatchRows:
-        """The next `size` rows to do from `from_id`, off the driver's cursor when plain."""
+    def fetch(self, conn: Connection, from_id: int, size: int,
+              after: KeyValue | None = None) -> BatchRows:
+        """The next `size` rows to do from `from_id` (a keyed job's: after the key `after`),
+        off the driver's cursor when plain."""
         if self._raw_ok is None:
             self._raw_ok = plain(self._columns, conn.dialect)
-        result = conn.execute(self._read, {"from_id": from_id, "size": size})
+        if self.job.keyed:
+            read = self._keyed_read(conn.dialect.name, after is not None)
+            values = self.job.keyset.bind(after) if after is not None else {}
+            result = conn.execute(read, {"size": size, **values})
+        else:
+            result = conn.execute(self._read, {"from_id": from_id, "size": size})
         if not self._raw_ok or result.cursor is None:
             return BatchRows(result.all(), None, self._id_index)
         try:

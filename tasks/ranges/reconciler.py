@@ -45,14 +45,16 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
+from tasks.ranges.activation import activate, activate_in, active_jobs, due_now, repair_inactive
 from tasks.ranges.closing import close_run
 from tasks.ranges.collections import COLLECTION_PARTITION
+from tasks.ranges.cuts import plan_first_by_rows
 from tasks.ranges.jobs import RangeJob
-from tasks.ranges.keys import RANGE_PREFIX, job_of_schedule, range_orphans_key
+from tasks.ranges.keys import range_orphans_key
 from tasks.ranges.keys import range_schedule_name as schedule_name
 from tasks.ranges.planning import Partition, StoredPlan, plan_after
 from tasks.ranges.runners import RunnerSlots, new_token
-from tasks.ranges.runs import current_run, enforce
+from tasks.ranges.runs import enforce
 from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.visits import mark_planned, plan_once, unplanned_run
@@ -96,69 +98,6 @@ class Runners:
 
     slots: RunnerSlots
     spawn: Spawn
-
-
-def activate(sessions: sessionmaker[Session], job: RangeJob) -> int:
-    """Mark `job` active (beat reconciles it from now on); reset its failed partitions.
-    Returns how many failed partitions go back to pending."""
-    with sessions.begin() as session:
-        return activate_in(session, job.name)
-
-
-def activate_in(session: Session, job: str) -> int:
-    """`activate`, in the caller's transaction (a `start` opens its run in the same one)."""
-    _schedule_on(session, job)
-    return affected(session.execute(
-        update(WORK).where(partitions_of(job),
-                           WORK.c.status == S.FAILED)
-        .values(status=S.PENDING, error=None, dispatched_at=None, crashes=0)
-    ))
-
-
-def _schedule_on(session: Session, job: str) -> None:
-    """The job's schedule row is active and due now (made if missing)."""
-    name = schedule_name(job)
-    now = utcnow()
-    updated = affected(session.execute(update(SCHEDULES).where(SCHEDULES.c.name == name)
-                                       .values(active=True, next_run_at=now, updated_at=now)))
-    if not updated:
-        session.execute(insert(SCHEDULES).values(
-            name=name, term=0, next_run_at=now, active=True, updated_at=now))
-
-
-def due_now(sessions: sessionmaker[Session], job: str) -> None:
-    """The job's next round may run at once (an active job only: an ended run stays ended)."""
-    with sessions.begin() as session:
-        session.execute(update(SCHEDULES).where(SCHEDULES.c.name == schedule_name(job),
-                                                SCHEDULES.c.active.is_(True))
-                        .values(next_run_at=utcnow()))
-
-
-def active_jobs(sessions: sessionmaker[Session]) -> list[str]:
-    with sessions() as session:
-        names = session.execute(select(SCHEDULES.c.name).where(
-            SCHEDULES.c.active.is_(True), SCHEDULES.c.name.like(f"{RANGE_PREFIX}%"))
-        ).scalars().all()
-    return [job_of_schedule(name) for name in names]
-
-
-def repair_inactive(sessions: sessionmaker[Session], jobs: list[RangeJob]) -> list[str]:
-    """Reactivate each of `jobs` whose run is live while the job is not reconciled (a control
-    that failed between its two steps in an older version, or a schedule row edited by hand):
-    such a run would otherwise wait forever. Returns the jobs it reactivated."""
-    active = set(active_jobs(sessions))
-    repaired = []
-    for job in jobs:
-        if job.name in active:
-            continue
-        run = current_run(sessions, job.name)
-        if run is not None and run.state in RunState.LIVE:
-            with sessions.begin() as session:
-                _schedule_on(session, job.name)
-            log.warning("reconcile %s: run %d is %s but the job was not reconciled; "
-                        "reconciling it again", job.name, run.id, run.state)
-            repaired.append(job.name)
-    return repaired
 
 
 def _win_round(sessions: sessionmaker[Session], name: str, interval: float) -> int | None:
@@ -244,18 +183,17 @@ def _log(result: Round) -> None:
 
 def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
           step: Seam) -> bool:
-    """Add the partitions the table's id bounds need; False if the round was overtaken (then
-    it wrote nothing)."""
+    """Add the partitions the table needs; False if the round was overtaken (then it wrote
+    nothing)."""
     if job.visits_once:
         return _plan_once(sessions, job, term, result, step)
     with sessions() as session:
-        lo, hi = _bounds(session, job)
         plan = session.execute(select(func.min(WORK.c.lo), func.max(WORK.c.hi),
                                       func.max(WORK.c.part)).where(
             partitions_of(job.name))).one()
+        stored = StoredPlan(*plan) if plan[2] is not None else None
+        missing = _missing(session, job, stored)
     step("read")
-    stored = StoredPlan(*plan) if plan[2] is not None else None
-    missing = plan_after(stored, lo, hi, job.partition_size)
     with sessions.begin() as session:
         if not _hold(session, schedule_name(job.name), term):
             return False
@@ -284,10 +222,12 @@ def _insert(session: Session, job: RangeJob, parts: list[Partition]) -> None:
     # A re-planned job's partitions start at the old plan's highest fence.
     floor = session.execute(select(SCHEDULES.c.fence_floor).where(
         SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
+    key = job.keyset  # a keyed job's bounds and cursor (tasks.ranges.jobkeys)
     session.execute(insert(WORK), [
         {"kind": RANGE_KIND, "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
          "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
-         "rows_done": 0, "rate": 0.0, "crashes": 0} for p in parts])
+         "rows_done": 0, "rate": 0.0, "crashes": 0, "lo_key": key.encode(p.lo_key),
+         "hi_key": key.encode(p.hi_key), "next_key": key.encode(p.lo_key)} for p in parts])
 
 
 def _plan_once(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
@@ -312,6 +252,17 @@ def _plan_once(sessions: sessionmaker[Session], job: RangeJob, term: int, result
             _insert(session, job, parts)
             result.planned = len(parts)
     return True
+
+
+def _missing(session: Session, job: RangeJob, stored: StoredPlan | None) -> list[Partition]:
+    """The partitions to add: a first plan cut by rows (tasks.ranges.cuts), none for a keyed
+    plan (it covers every key), else id-span partitions for ids beyond the stored plan."""
+    if job.by_rows and stored is None:
+        return plan_first_by_rows(session, job)
+    if job.keyed:
+        return []
+    lo, hi = _bounds(session, job)
+    return plan_after(stored, lo, hi, job.partition_size)
 
 
 def _overtaken(result: Round) -> Round:

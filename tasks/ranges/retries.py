@@ -155,6 +155,7 @@ def _retry(session: Session, run: Run | None, rows: list[Skipped], actor: str) -
     cancelled = run.state == RunState.CANCELLED
     to = S.PAUSED if run.state == RunState.PAUSED else S.PENDING
     for r in claimed:
+        # A skip policy needs an integer key (tasks.ranges.jobs), so `lo..hi` are its ids.
         holding = (partitions_of(job), WORK.c.lo <= r.row_id, WORK.c.hi >= r.row_id)
         if r.run == run.id and not cancelled:  # counted on its partition while it is live
             session.execute(update(WORK).where(*holding, WORK.c.rows_skipped > 0)
@@ -165,8 +166,8 @@ def _retry(session: Session, run: Run | None, rows: list[Skipped], actor: str) -
                 .values(skipped=RANGE_RUNS.c.skipped - 1))
         if not cancelled:
             session.execute(update(WORK).where(*holding, WORK.c.status.in_((S.DONE, S.EMPTY)))
-                            .values(status=to, next_id=WORK.c.lo, finished_at=None,
-                                    dispatched_at=None))
+                            .values(status=to, next_id=WORK.c.lo, next_key=WORK.c.lo_key,
+                                    finished_at=None, dispatched_at=None))
     if run.state in (RunState.SUCCEEDED, RunState.FAILED):
         if not change_state(session, run, RunState.RUNNING):
             raise InvalidArguments(f"{RETRY_VERB} {job}: run {run.shown} changed while this "

@@ -188,12 +188,15 @@ class PartitionRunner:
         if self.job.params is not None:
             with self.row.sessions() as session:
                 params = self.job.params_of(stored_params(session, self.job.name))
-        partition = Partition(self.part, claimed.lo, claimed.hi)
+        key = self.job.keyset  # a keyed job's bounds and cursor (tasks.ranges.jobkeys)
+        partition = Partition(self.part, claimed.lo, claimed.hi, key.decode(claimed.lo_key),
+                              key.decode(claimed.hi_key))
         if self.job.pages is not None:  # a custom collection: its place is its cursor
             return PageBatches(self.row, partition, cursor=claimed.collection_cursor,
                                clock=self.clock, params=params, run=claimed.run)
         return Batches(self.row, partition, next_id=claimed.next_id, clock=self.clock,
-                       lease_ttl=self.lease_ttl, params=params, run=claimed.run)
+                       lease_ttl=self.lease_ttl, params=params, run=claimed.run,
+                       next_key=key.decode(claimed.next_key))
 
     def _loop(self, lease: Lease, batches: Steps, pool: ThreadPoolExecutor | None) -> str:
         """Batch after batch until the partition is finished or the run must stop."""

@@ -5,7 +5,7 @@
     range_job_schedules             range jobs' cron schedules (tasks.ranges.timetable)
     range_run_input                 a collection job's run input (the lines of its CSV)
 
-Migrations 0001, 0005, 0011, 0012, 0013, 0016, 0018 and 0015 create them, never
+Migrations 0001, 0005, 0011, 0012, 0013, 0015, 0016, 0017 and 0018 create them, never
 `create_all`.
 """
 
@@ -91,6 +91,13 @@ class WorkItem(Base):
     # A custom collection's place (tasks.ranges.collections): the cursor after the last page
     # committed, JSON text; None: from the start (migration 0018).
     collection_cursor: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A keyed job's partition (tasks.ranges.jobkeys): its keys `lo_key < key <= hi_key`
+    # (None: unbounded) and the cursor of its keyset pass (the last key read; None: from
+    # `lo_key`), JSON text; `lo`, `hi` and `next_id` are then row ordinals, for progress
+    # (migration 0017). None for an integer key.
+    lo_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    hi_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    next_key: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Schedule(Base):

@@ -76,14 +76,16 @@ class WorkRow:
         self.job, self.part = job, part
         self.sessions, self.owner = sessions, owner
         self._where = (partitions_of(job.name), WORK.c.part == part)
-        # The batch's guard, built once per run: the fence and the figures are bound per batch.
+        # The batch's guard, built once per run: the fence and the figures are bound per batch
+        # (a keyed job's cursor too, tasks.ranges.jobkeys).
+        keyed: dict[str, Any] = {"next_key": bindparam("key")} if job.keyed else {}
         self._checkpoint = (
             update(WORK).where(*self._where, WORK.c.fence == bindparam("mine"),
                                WORK.c.status == S.RUNNING)
             .values(next_id=bindparam("checkpoint"),
                     rows_done=WORK.c.rows_done + bindparam("batch_rows"),
                     heartbeat_at=bindparam("now"), rate=bindparam("rows_per_s"),
-                    crashes=0, throttled_until=None))
+                    crashes=0, throttled_until=None, **keyed))
 
     def load(self) -> Any:
         """The row as stored; `UnknownPartition` if the reconciler never planned it."""
@@ -128,7 +130,8 @@ class WorkRow:
                    .scalar_subquery())
             return session.execute(
                 select(WORK.c.id, WORK.c.lo, WORK.c.hi, WORK.c.next_id, WORK.c.crashes,
-                       WORK.c.claims, WORK.c.collection_cursor, run.label("run"))
+                       WORK.c.claims, WORK.c.collection_cursor, run.label("run"),
+                       WORK.c.lo_key, WORK.c.hi_key, WORK.c.next_key)
                 .where(*self._where)
             ).one()
 
@@ -138,21 +141,27 @@ class WorkRow:
                                   WORK.c.status == S.RUNNING)
 
     def checkpoint(self, conn: Connection, fence: int, checkpoint: int, rows: int,
-                   rows_per_s: float) -> None:
-        """A batch's guard, its first write: the checkpoint moves to `checkpoint` and `rows`
-        more are counted done, in the batch's transaction on `conn`. `FencedOut` (roll the
-        batch back) if the holder of `fence` no longer owns the row."""
-        guarded = affected(conn.execute(self._checkpoint, {
-            "mine": fence, "checkpoint": checkpoint, "batch_rows": rows, "now": utcnow(),
-            "rows_per_s": rows_per_s}))
+                   rows_per_s: float, key: str | None = None) -> None:
+        """A batch's guard, its first write: the checkpoint moves to `checkpoint` (and a
+        keyed job's cursor to `key`, stored form) and `rows` more are counted done, in the
+        batch's transaction on `conn`. `FencedOut` (roll the batch back) if the holder of
+        `fence` no longer owns the row."""
+        values = {"mine": fence, "checkpoint": checkpoint, "batch_rows": rows,
+                  "now": utcnow(), "rows_per_s": rows_per_s}
+        if self.job.keyed:
+            values["key"] = key
+        guarded = affected(conn.execute(self._checkpoint, values))
         if guarded != 1:
             raise FencedOut()
 
-    def move_on(self, conn: Connection, fence: int, checkpoint: int, rows: int) -> None:
-        """The checkpoint moves on to `checkpoint` past `rows` more rows read in the same
-        batch (its later `fetch_size` reads). `FencedOut` if a newer holder owns the row."""
+    def move_on(self, conn: Connection, fence: int, checkpoint: int, rows: int,
+                key: str | None = None) -> None:
+        """The checkpoint moves on to `checkpoint` (a keyed job's cursor to `key`) past `rows`
+        more rows read in the same batch (its later `fetch_size` reads). `FencedOut` if a
+        newer holder owns the row."""
+        keyed: dict[str, Any] = {"next_key": key} if self.job.keyed else {}
         moved = affected(conn.execute(self.guard(fence).values(
-            next_id=checkpoint, rows_done=WORK.c.rows_done + rows)))
+            next_id=checkpoint, rows_done=WORK.c.rows_done + rows, **keyed)))
         if moved != 1:
             raise FencedOut()
 
@@ -288,9 +297,10 @@ def restart_finished(session: Session, job: str) -> int:
     the run): every finished partition (done, empty or failed) goes back to pending from
     `lo`, its counts, takeovers and error cleared, so the run's rows, progress and ETA count
     its own work only. Its fence is kept: the next claim takes a newer one. An open
-    partition (a job reconciled without a run) is left as it is. Returns how many."""
+    partition (a job reconciled without a run) is left as it is. A keyed job's cursor goes
+    back to `lo_key`. Returns how many."""
     return affected(session.execute(update(WORK).where(
         partitions_of(job), WORK.c.status.in_(S.FINISHED))
-        .values(status=S.PENDING, next_id=WORK.c.lo, rows_done=0, rows_skipped=0, rate=0.0,
-                claims=0, crashes=0, error=None, owner=None, started_at=None,
-                finished_at=None, dispatched_at=None, throttled_until=None)))
+        .values(status=S.PENDING, next_id=WORK.c.lo, next_key=WORK.c.lo_key, rows_done=0,
+                rows_skipped=0, rate=0.0, claims=0, crashes=0, error=None, owner=None,
+                started_at=None, finished_at=None, dispatched_at=None, throttled_until=None)))

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import Column, Engine, Integer, MetaData, Table, Uuid, select, text, update
+from sqlalchemy import JSON, Column, Engine, Integer, MetaData, Table, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from bench.cm_data import mark_processed
@@ -152,14 +151,14 @@ def test_a_start_that_cannot_read_the_table_is_refused_and_changes_nothing(
         assert conn.execute(select(SCHEDULES.c.name)).first() is None
 
 
-def test_a_job_keyed_by_a_uuid_is_refused_when_declared() -> None:
-    table = Table("by_uuid", MetaData(), Column("uid", Uuid, primary_key=True,
-                                                default=uuid.uuid4),
+def test_a_job_keyed_by_a_column_that_cannot_be_ordered_is_refused_when_declared() -> None:
+    """A UUID key is walked by keyset (tests/ranges/test_keys.py); a JSON one is refused."""
+    table = Table("by_doc", MetaData(), Column("doc", JSON, primary_key=True),
                   Column("status", Integer))
-    with pytest.raises(ValueError, match="id column 'uid' of table by_uuid is .*; partitions "
-                                         "are id ranges, so it must be an integer column"):
-        RangeJob(name="by_uuid", table=table, where=table.c.status == 0,
-                 process=mark_processed, id_column="uid")
+    with pytest.raises(ValueError, match="key column 'doc' of table by_doc is JSON, which "
+                                         "cannot be a range key"):
+        RangeJob(name="by_doc", table=table, where=table.c.status == 0,
+                 process=mark_processed, id_column="doc")
 
 
 def test_the_reconciler_repairs_a_live_run_whose_job_is_not_reconciled(

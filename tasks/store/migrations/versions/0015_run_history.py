@@ -4,14 +4,14 @@
 their numbers in id order per job and their starter from their first `start` event.
 
 Revision ID: 0015
-Revises: 0018
+Revises: 0017
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
