@@ -7,8 +7,7 @@
     resume        paused partitions -> pending, dispatched at once
     cancel        like pause, and the run ends; `start` begins a new one from the job's filter
     retry-failed  failed partitions -> pending, from their checkpoints
-    retry-skipped the rows the latest run's skip policy quarantined are taken back and run
-                  again (`tasks.ranges.retries`)
+    retry-skipped rows the latest run quarantined run again, once (`tasks.ranges.retries`)
     throttle      the run's cap in rows per second over all its partitions (0 lifts it)
 
 Each one checks its arguments and the run's state first and refuses with `ControlRefused`
@@ -45,6 +44,7 @@ from tasks.ranges.runs import (
     open_run,
     park_unleased,
     record,
+    still_latest,
     write_flags,
     writing,
 )
@@ -91,15 +91,16 @@ Verb = Callable[..., dict[str, Any]]
 
 def settled(verb: Verb) -> Verb:
     """`verb` again (up to CONFLICT_TRIES times) when the run changed under it: the new state
-    is checked anew, so the control lands or is refused for what the run now is."""
+    is checked anew, so the control lands or is refused for what the run now is. (A start
+    whose run number another start took meets its unique constraint: the same case.)"""
     @functools.wraps(verb)
-    def again(*args: Any) -> dict[str, Any]:
+    def again(*args: Any, **kwargs: Any) -> dict[str, Any]:
         for _ in range(CONFLICT_TRIES - 1):
             try:
-                return verb(*args)
-            except RunChanged:
+                return verb(*args, **kwargs)
+            except (RunChanged, IntegrityError):
                 continue
-        return verb(*args)
+        return verb(*args, **kwargs)
     return again
 
 
@@ -125,6 +126,7 @@ class Controls:
     client: Any
     kick: Kick
 
+    @settled
     def start(self, job: str, actor: str, params: object = None,
               then: Then | None = None, records: list[str] | None = None) -> dict[str, Any]:
         """Open a run of `job` unless one is live (a paused run must be resumed or cancelled
@@ -138,15 +140,6 @@ class Controls:
         (`Overtaken`). Two starts racing to open a run: the loser finds the winner's run in
         its transaction (or meets the run number's unique constraint), rolls back, and joins
         the winner's run."""
-        for _ in range(CONFLICT_TRIES - 1):
-            try:
-                return self._start(job, actor, params, then, records)
-            except (IntegrityError, RunChanged):
-                continue
-        return self._start(job, actor, params, then, records)
-
-    def _start(self, job: str, actor: str, params: object, then: Then | None,
-               records: list[str] | None) -> dict[str, Any]:
         found = get_job(job)
         name = found.name
         run = current_run(self.sessions, name)
@@ -158,10 +151,7 @@ class Controls:
         if found.input is None and found.pages is None:  # a collection's table is ours
             self._check_plannable(found)
         with writing(self.sessions) as session:
-            latest = session.execute(select(RANGE_RUNS.c.id, RANGE_RUNS.c.state).where(
-                RANGE_RUNS.c.job == name).order_by(RANGE_RUNS.c.id.desc()).limit(1)).first()
-            if (tuple(latest) if latest is not None else None) != (
-                    (run.id, run.state) if run is not None else None):
+            if not still_latest(session, name, run):
                 raise RunChanged(f"start {name}: the job's run changed while this start ran; "
                                  "nothing was changed, try again")
             if run is not None and run.state in RunState.LIVE:
@@ -176,13 +166,11 @@ class Controls:
                 replanned = self._replan(session, name)
             else:  # the new run walks every stored partition again, counting from zero
                 restarted = restart_finished(session, name)
-            run_id = open_run(session, name, actor, found.rows_per_s, stored)
+            run_id, number = open_run(session, name, actor, found.rows_per_s, stored)
             if records is not None:
                 store_input(session, name, run_id, records)
             reset = activate_in(session, name)
             _then(then, session, name, run_id)
-            number = session.execute(select(RANGE_RUNS.c.number).where(
-                RANGE_RUNS.c.id == run_id)).scalar_one()
         report: dict[str, Any] = {"run": number, "replanned": replanned,
                                   "restarted": restarted, "reset_failed": reset}
         if records is not None:
@@ -303,8 +291,7 @@ class Controls:
         return report
 
     def retry_skipped(self, job: str, actor: str) -> dict[str, Any]:
-        """The rows the latest run's skip policy quarantined run again, each once
-        (`tasks.ranges.retries`); `ControlRefused`-like refusals when there are none."""
+        """Rows the latest run quarantined run again, once each (`tasks.ranges.retries`)."""
         name = get_job(job).name
         report = retry_rows(self.sessions, name, actor)
         report = self._copy_flags(name, report)

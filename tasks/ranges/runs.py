@@ -32,7 +32,8 @@ from tasks.store.db import WRITE_INTENT, affected, utcnow
 
 __all__ = ["Run", "Event", "current_run", "run_of", "runs_of", "run_numbered", "events_of",
            "record", "open_run", "change_state", "run_rows", "run_counts", "write_flags",
-           "enforce", "RECONCILER", "writing", "park_unleased", "statuses", "stored_params"]
+           "enforce", "RECONCILER", "writing", "park_unleased", "statuses", "stored_params",
+           "still_latest"]
 
 RECONCILER = "reconciler"  # the actor of the events the reconciler records
 
@@ -177,6 +178,15 @@ def record(session: Session, run_id: int, job: str, verb: str, actor: str,
         run_id=run_id, job=job, verb=verb, actor=actor[:255], detail=detail, at=utcnow()))
 
 
+def still_latest(session: Session, job: str, run: Run | None) -> bool:
+    """Is `run` (None: no run) still the job's latest run, in the state it was read in? (A
+    control that read it before its transaction checks it again inside.)"""
+    latest = session.execute(select(RANGE_RUNS.c.id, RANGE_RUNS.c.state).where(
+        RANGE_RUNS.c.job == job).order_by(RANGE_RUNS.c.id.desc()).limit(1)).first()
+    seen = (run.id, run.state) if run is not None else None
+    return (tuple(latest) if latest is not None else None) == seen
+
+
 def stored_params(session: Session, job: str) -> str | None:
     """The parameters of the job's latest run as stored (JSON text; None: none or no run):
     one indexed read, what a partition's holder builds `ctx.params` from."""
@@ -185,10 +195,10 @@ def stored_params(session: Session, job: str) -> str | None:
 
 
 def open_run(session: Session, job: str, actor: str, rows_per_s: float | None,
-             params: str | None = None) -> int:
-    """A new running run of `job` with its stored `params` (in the caller's transaction);
-    its id. Its number is the job's highest plus one, read and written in this transaction;
-    two starts that race for one number meet the unique (job, number) constraint, and the
+             params: str | None = None) -> tuple[int, int]:
+    """A new running run of `job` with its stored `params` (in the caller's transaction):
+    its id and its number, the job's highest plus one, read and written in this transaction.
+    Two starts that race for one number meet the unique (job, number) constraint, and the
     loser's transaction rolls back whole (`Controls.start` then joins the winner's run)."""
     now = utcnow()
     number = session.execute(select(func.coalesce(func.max(RANGE_RUNS.c.number), 0)).where(
@@ -202,7 +212,7 @@ def open_run(session: Session, job: str, actor: str, rows_per_s: float | None,
     run_id = int(key[0])
     record(session, run_id, job, "start", actor,
            f"rows_per_s={rows_per_s:g}" if rows_per_s else None)
-    return run_id
+    return run_id, number
 
 
 def change_state(session: Session, run: Run, to: str, **values: Any) -> bool:
