@@ -5,8 +5,9 @@ By default a partition task's trace holds its task span, a span per batch with w
 did, and a few message spans: no SQL or Redis statement spans. TRACING_STATEMENTS turns those
 on, and TRACING_MAX_SPANS bounds what a task exports either way.
 
-`TRACE_ROWS=100000 .venv/bin/pytest -s -q tests/test_tracing.py -k worker` prints the span
-counts of a 100,000-row job's partition tasks (the default run uses 1,000 rows).
+`TRACE_ROWS=100000 .venv/bin/pytest -s -q tests/test_tracing.py -k "partition_task or
+statement_spans"` prints the span counts of a 100,000-row job's partition tasks, with the
+default bound when statements are on (the default run: 1,000 rows, a bound of 40).
 """
 
 from __future__ import annotations
@@ -131,9 +132,10 @@ def test_a_partition_task_traces_a_span_per_batch_and_no_statements_by_default(
 def test_statement_spans_are_opt_in_and_a_task_trace_is_bounded(
     worker_env: dict[str, str], receiver: Receiver
 ) -> None:
-    limit = 40
-    env = traced(worker_env, receiver, TRACING_STATEMENTS="sql,redis",
-                 TRACING_MAX_SPANS=str(limit))
+    small = ROWS <= 1000  # the measurement runs with the default bound
+    bound = {"TRACING_MAX_SPANS": "40"} if small else {}
+    limit = load_settings(bound).tracing_max_spans
+    env = traced(worker_env, receiver, TRACING_STATEMENTS="sql,redis", **bound)
     tasks = run_job(env, receiver)
     spans = receiver.spans()
     by_id = {s.span_id: s for s in spans}
@@ -147,7 +149,7 @@ def test_statement_spans_are_opt_in_and_a_task_trace_is_bounded(
         print(f"\n{ROWS} rows, statements on: partition task {task.span_id}: "
               f"{len(below) + 1} spans kept, "
               f"{task.attributes.get('rangekeeper.spans_dropped', 0)} dropped")
-    assert dropped > 0  # ten batches of a few statements each are well past 40
+    assert dropped > 0 or not small  # ten batches of a few statements each are past 40
 
 
 def test_the_bound_drops_spans_past_the_limit_and_counts_them_on_the_root() -> None:

@@ -71,8 +71,9 @@ class Settings:
     tracing_exporter: str = "otlp"
     # Statement spans (`sql`, `redis`): off, a partition runs thousands of statements a second.
     tracing_statements: tuple[str, ...] = ()
-    # Spans kept below one task in one process (the rest dropped and counted on the task's span).
-    tracing_max_spans: int = 1000
+    # Spans kept per task in one process, its own included (the rest are dropped and counted
+    # on the task's span): about as many batches, or a few hundred with statement spans.
+    tracing_max_spans: int = 2000
     # Which traces are kept: the standard OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (the
     # ratio of the *traceidratio samplers), checked here since the SDK ignores a bad one.
     tracing_sampler: str = "parentbased_always_on"

@@ -34,7 +34,7 @@ from tasks.observe import logs
 if TYPE_CHECKING:
     from tasks.config.settings import Settings
 
-__all__ = ["setup", "annotate", "batch", "bounded", "sampler", "BatchSpan", "DROPPED"]
+__all__ = ["setup", "annotate", "batch", "bounded", "sampler", "BatchSpan", "Bound", "DROPPED"]
 
 log = logging.getLogger(__name__)
 _state: dict[str, Any] = {}
@@ -197,61 +197,29 @@ def _bound_fields() -> Any:
 
 def bounded(inner: Any, limit: int) -> Any:
     """A span processor that passes spans on to `inner` (the exporting one) up to `limit` per
-    local trace, then drops them.
+    local trace, then drops them (`Bound` decides which).
 
     A local trace is a span whose parent is remote, absent or not open in this process (a
     task's `run/...` span: its parent is the span of whoever sent the message) and every span
     started below it here. The first `limit` spans started are kept (the root counts), so
     every kept span's parent is kept too: the trace stays one tree, cut at its end, never a
-    forest of orphans.
-    Each dropped span raises `rangekeeper.spans_dropped` on the root, which is still open,
-    and a log line says how many were dropped when it ends. The bound holds per process: a
-    trace that spans tasks on several workers (a reconcile round and the partitions it sent)
-    is bounded in each.
+    forest of orphans. Each dropped span raises `rangekeeper.spans_dropped` on the root, which
+    is still open, and a log line says how many were dropped when it ends. The bound holds per
+    process: a trace that spans tasks on several workers (a reconcile round and the partitions
+    it sent) is bounded in each.
     """
     from opentelemetry.sdk.trace import SpanProcessor
 
-    class Local:
-        __slots__ = ("root", "passed", "dropped")
-
-        def __init__(self, root: Any) -> None:
-            self.root, self.passed, self.dropped = root, 1, 0
+    bound = Bound(limit)
 
     class Bounded(SpanProcessor):
-        def __init__(self) -> None:
-            self._lock = threading.Lock()
-            # Each open span -> its local trace and whether it passes (only open spans: as
-            # many as are nested at once).
-            self._open: dict[int, tuple[Local, bool]] = {}
-
         def on_start(self, span: Any, parent_context: Any = None) -> None:
-            parent = span.parent
-            with self._lock:
-                above = None if parent is None or parent.is_remote else \
-                    self._open.get(parent.span_id)
-                if above is None:  # a local root
-                    self._open[span.context.span_id] = (Local(span), True)
-                else:
-                    local = above[0]
-                    passes = local.passed < limit
-                    self._open[span.context.span_id] = (local, passes)
-                    if not passes:
-                        local.dropped += 1
-                        local.root.set_attribute(DROPPED, local.dropped)
-                        return
-                    local.passed += 1
-            inner.on_start(span, parent_context=parent_context)
+            if bound.started(span):
+                inner.on_start(span, parent_context=parent_context)
 
         def on_end(self, span: Any) -> None:
-            with self._lock:
-                local, passes = self._open.pop(span.context.span_id, (None, True))
-            if not passes:
-                return
-            if local is not None and local.dropped and \
-                    local.root.context.span_id == span.context.span_id:
-                log.info("trace %032x: %d spans below %s dropped (TRACING_MAX_SPANS=%d)",
-                         span.context.trace_id, local.dropped, span.name, limit)
-            inner.on_end(span)
+            if bound.ended(span):
+                inner.on_end(span)
 
         def shutdown(self) -> None:
             inner.shutdown()
@@ -260,3 +228,51 @@ def bounded(inner: Any, limit: int) -> Any:
             return bool(inner.force_flush(timeout_millis))
 
     return Bounded()
+
+
+class _Local:
+    """A local trace: its root span, the spans passed (the root's included) and dropped."""
+
+    __slots__ = ("root", "passed", "dropped")
+
+    def __init__(self, root: Any) -> None:
+        self.root, self.passed, self.dropped = root, 1, 0
+
+
+class Bound:
+    """Which spans pass: the first `limit` started in each local trace (see `bounded`)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()  # spans start and end on any thread
+        # Each open span -> its local trace and whether it passes (open spans only: as many
+        # as are nested at once).
+        self._open: dict[int, tuple[_Local, bool]] = {}
+
+    def started(self, span: Any) -> bool:
+        """Whether `span`, just started, passes; a dropped one is counted on its root."""
+        parent = span.parent
+        with self._lock:
+            above = None if parent is None or parent.is_remote else self._open.get(parent.span_id)
+            if above is None:  # a local root
+                self._open[span.context.span_id] = (_Local(span), True)
+                return True
+            local = above[0]
+            passes = local.passed < self.limit
+            self._open[span.context.span_id] = (local, passes)
+            if passes:
+                local.passed += 1
+            else:
+                local.dropped += 1
+                local.root.set_attribute(DROPPED, local.dropped)
+            return passes
+
+    def ended(self, span: Any) -> bool:
+        """Whether `span` (a ReadableSpan, just ended) passes."""
+        with self._lock:
+            local, passes = self._open.pop(span.context.span_id, (None, True))
+        if passes and local is not None and local.dropped and \
+                local.root.context.span_id == span.context.span_id:
+            log.info("trace %032x: %d spans below %s dropped (TRACING_MAX_SPANS=%d)",
+                     span.context.trace_id, local.dropped, span.name, self.limit)
+        return passes
