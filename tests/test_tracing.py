@@ -66,14 +66,15 @@ def run_job(env: dict[str, str], receiver: Receiver) -> dict[str, tuple[Span, li
         wait_until(lambda: finished(engine), 120, "every partition finished")
 
         def arrived() -> dict[str, tuple[Span, list[Span]]] | None:
-            # Every partition task the worker finished has its span here (a task's span ends
-            # after everything below it, so what it keeps came first).
+            # Every partition task the worker received has ended and its span is here (a
+            # task's span ends after everything below it, so what it keeps came first).
             assert worker is not None
-            ran = len(re.findall(r"tasks\.ranges\.run_partition\[[^]]*\] succeeded",
-                                 worker.output()))
+            log = worker.output()
+            received, ran = (len(re.findall(r"tasks\.ranges\.run_partition\[[^]]*\] " + word,
+                                            log)) for word in ("received", "succeeded"))
             spans = receiver.spans()
             tasks = {t.span_id: (t, receiver.below(t)) for t in spans if t.name == TASK}
-            return tasks if ran and len(tasks) >= ran else None
+            return tasks if ran and ran == received and len(tasks) >= ran else None
 
         return wait_until(arrived, 30, "the partition tasks' spans")  # type: ignore[no-any-return]
     finally:
