@@ -41,6 +41,7 @@ from sqlalchemy import Row, bindparam, update
 from examples.tables import CM_DATA
 from tasks.config import envparse
 from tasks.ranges.jobs import Context, RangeJob, register
+from tasks.ranges.reads import ids_of
 
 __all__ = ["cm_data", "mark_processed", "cpu_work", "CmDataConfig", "load_config", "CONFIG"]
 
@@ -115,7 +116,7 @@ def mark_processed(rows: Sequence[Row[Any]], ctx: Context) -> None:
         first, last = ctx.span
         ctx.session.execute(MARK_SPAN, {"first": first, "last": last, "fence": ctx.fence})
     else:
-        ids = [row.id for row in rows]
+        ids = ids_of(rows, "id")  # off the driver's tuples: no Row made per row
         for at in range(0, len(ids), IDS_CHUNK):
             ctx.session.execute(_MARK.where(ctx.in_batch(CM_DATA.c.id, ids[at:at + IDS_CHUNK])),
                                 {"fence": ctx.fence})

@@ -101,18 +101,11 @@ def _views(res: Resources, query: PartitionQuery) -> tuple[Any, Any, Any, int]:
 
 
 def _snapshot(res: Resources, query: PartitionQuery, width: int) -> RenderableType:
-    from rich.console import Group
-    from rich.text import Text
-
-    from tasks.cli.render import status_renderable
+    from tasks.cli.render import status_renderable, with_queues
 
     page, summaries, (nodes, letters), now = _views(res, query)
-    queues = _backlog()
-    line = ("queues: the broker does not answer" if queues is None else "queues: " + ", ".join(
-        f"{q['name']} {q['messages']}" + (f" (oldest {q['oldest_s']:.0f}s)"
-                                          if q["oldest_s"] is not None else "")
-        for q in queues))
-    return Group(status_renderable(page, summaries, nodes, letters, now, width), Text(line))
+    return with_queues(status_renderable(page, summaries, nodes, letters, now, width),
+                       _backlog())
 
 
 def _backlog() -> list[dict[str, Any]] | None:

@@ -262,3 +262,13 @@ def watch(console: Console, snapshot: Callable[[], RenderableType], every: float
                 live.update(stamped(), refresh=True)
     except KeyboardInterrupt:
         pass
+
+
+def with_queues(status: RenderableType, queues: Sequence[dict[str, Any]] | None) -> RenderableType:
+    """`status` followed by one line of each queue's backlog (None: the broker did not answer;
+    `tasks.worker.backlog`)."""
+    if queues is None:
+        return Group(status, Text("queues: the broker does not answer"))
+    shown = ", ".join(f"{q['name']} {q['messages']}" + (
+        f" (oldest {q['oldest_s']:.0f}s)" if q["oldest_s"] is not None else "") for q in queues)
+    return Group(status, Text(f"queues: {shown}"))

@@ -18,8 +18,8 @@ from tasks.config import redisconn
 
 __all__ = [
     "SettingsError", "redact", "url", "url_list", "check", "cluster_nodes", "db_zero", "flag",
-    "database_url", "modules", "one_of", "at_least", "positive", "port", "address",
-    "sentinel_master", "queue", "secret", "SSL_CERT_REQS", "shipped", "SHIPPED_VALUES",
+    "database_url", "modules", "one_of", "some_of", "fraction", "at_least", "positive", "port",
+    "address", "sentinel_master", "queue", "secret", "SSL_CERT_REQS", "shipped", "SHIPPED_VALUES",
     "url_password", "networks", "parse_duration", "spoken_duration",
 ]
 
@@ -231,6 +231,32 @@ def one_of(*choices: str) -> Callable[[str, str], str]:
         return raw
 
     return parse
+
+
+def some_of(*choices: str) -> Callable[[str, str], tuple[str, ...]]:
+    """A comma-separated list of `choices` (each at most once), or `none`."""
+    def parse(name: str, raw: str) -> tuple[str, ...]:
+        if raw.strip() == "none":
+            return ()
+        found = tuple(part.strip() for part in raw.split(","))
+        for part in found:
+            if part not in choices:
+                raise SettingsError(f"{name}: {part[:32]!r} is not one of "
+                                    f"{', '.join(choices)} (a comma-separated list, or none)")
+        return tuple(sorted(set(found), key=choices.index))
+
+    return parse
+
+
+def fraction(name: str, raw: str) -> float:
+    """A number from 0 to 1."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw[:32]!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise SettingsError(f"{name}={raw[:32]!r} must be from 0 to 1")
+    return value
 
 
 def at_least(cast: Callable[[str], T], minimum: float) -> Callable[[str, str], T]:

@@ -69,6 +69,15 @@ class Settings:
     # OpenTelemetry tracing (the `otel` extra, tasks/observe/tracing.py) and where spans go.
     tracing: bool = False
     tracing_exporter: str = "otlp"
+    # Statement spans (`sql`, `redis`): off, a partition runs thousands of statements a second.
+    tracing_statements: tuple[str, ...] = ()
+    # Spans kept per task in one process, its own included (the rest are dropped and counted
+    # on the task's span): about as many batches, or a few hundred with statement spans.
+    tracing_max_spans: int = 2000
+    # Which traces are kept: the standard OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (the
+    # ratio of the *traceidratio samplers), checked here since the SDK ignores a bad one.
+    tracing_sampler: str = "parentbased_always_on"
+    tracing_sampler_arg: float = 1.0
     # Liveness (tasks/worker/heartbeat.py): a file the worker's main process touches every interval
     # and beat's loop every tick (beat/scheduler.py); unset: none. Probes read its age, so they
     # never queue behind work.
@@ -176,6 +185,12 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "log_format": ("LOG_FORMAT", envparse.one_of("text", "json")),
     "tracing": ("TRACING", envparse.flag),
     "tracing_exporter": ("TRACING_EXPORTER", envparse.one_of("otlp", "console")),
+    "tracing_statements": ("TRACING_STATEMENTS", envparse.some_of("sql", "redis")),
+    "tracing_max_spans": ("TRACING_MAX_SPANS", envparse.positive(int)),
+    "tracing_sampler": ("OTEL_TRACES_SAMPLER", envparse.one_of(
+        "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio",
+        "always_on", "always_off", "traceidratio")),
+    "tracing_sampler_arg": ("OTEL_TRACES_SAMPLER_ARG", envparse.fraction),
     "worker_heartbeat_file": ("WORKER_HEARTBEAT_FILE", lambda _name, raw: raw),
     "worker_heartbeat_interval": ("WORKER_HEARTBEAT_INTERVAL", envparse.positive(float)),
     "amqp_delivery_limit": ("AMQP_DELIVERY_LIMIT", envparse.positive(int)),

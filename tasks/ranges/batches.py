@@ -110,6 +110,11 @@ class Batches:
                       .where(job.id_col.in_(bindparam("ids", expanding=True)), where)
                       .limit(1))
 
+    @property
+    def size(self) -> int:
+        """Rows the next batch reads at most (`tasks.ranges.sizing`)."""
+        return self.sizer.size
+
     def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
         """Process one batch as the holder of `fence`; return the new checkpoint, or the
         partition's final status when the keyset pass ended in this batch's transaction.

@@ -160,7 +160,7 @@ def store_input(session: Session, job: str, run: int, records: Sequence[str]) ->
 class PageBatches:
     """The batches of a custom collection's one partition: a page each, from the stored
     cursor (`cursor`, JSON text; None: the start). The same face as `Batches` for the
-    runner: `step`, `rows_done`, `started`, `partition`."""
+    runner: `step`, `size`, `rows_done`, `started`, `partition`."""
 
     def __init__(self, row: WorkRow, partition: Partition, *, cursor: str | None,
                  clock: Callable[[], float] = time.monotonic, params: Any = None,
@@ -172,6 +172,11 @@ class PageBatches:
         self.clock, self.started = clock, clock()
         self.params, self.run = params, run
         self.rows_done = 0
+
+    @property
+    def size(self) -> int:
+        """Items the next page holds at most."""
+        return self.job.batch_size
 
     def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str:
         """Read the next page (outside the transaction: a network call), then in one

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, any_, bindparam
+from sqlalchemy import ColumnElement, Integer, Text, and_, any_, bindparam, cast
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
@@ -80,6 +80,16 @@ class Context:
         PostgreSQL (`column = ANY(:ids)`, one plan whatever the count), an IN list elsewhere
         (under the driver's bind limit: SQLite 32,766 parameters, MySQL 65,535)."""
         values = list(ids)
-        if self.session.get_bind().dialect.name == "postgresql":
-            return column == any_(bindparam(None, values, type_=ARRAY(column.type)))
-        return column.in_(values)
+        if self.session.get_bind().dialect.name != "postgresql":
+            return column.in_(values)
+        if isinstance(column.type, Integer) and all(type(v) is int for v in values):
+            # One text parameter, `{1,2,3}`, cast by the server: the driver would otherwise
+            # dump the list element by element in Python (a regex test per id: half the
+            # client's time on a batch of 2,000 ids).
+            literal = "{" + ",".join(map(str, values)) + "}"
+            listed = column == any_(cast(bindparam(None, literal, type_=Text),
+                                         ARRAY(column.type)))
+            # Bounded by the ids' range too: the server walks one index range and tests each
+            # row against the (hashed) list, instead of one index probe per id.
+            return and_(column.between(min(values), max(values)), listed) if values else listed
+        return column == any_(bindparam(None, values, type_=ARRAY(column.type)))

@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Lease, LeaseLost, Leases, NotAcquired, NotHeld
+from tasks.observe import tracing
 from tasks.observe.logs import bind
 from tasks.observe.metrics import record
 from tasks.ranges.batches import Batches
@@ -73,6 +74,10 @@ class Steps(Protocol):
     rows_done: int
     started: float
     partition: Partition
+
+    @property
+    def size(self) -> int:
+        """Rows the next batch reads at most."""
 
     def step(self, fence: int, pool: ThreadPoolExecutor | None) -> int | str: ...
 
@@ -222,7 +227,9 @@ class PartitionRunner:
                          self.part, stop)
                 self.row.park(lease.fence)
                 return Outcome.PAUSED
-            step = self._with_retries(lease, batches.step, lease.fence, pool)
+            with tracing.batch(self.job.name, self.part, lease.fence, batches.size) as span:
+                step = self._with_retries(lease, batches.step, lease.fence, pool)
+                span.done(batches.rows_done - rows_before, step)
             if isinstance(step, str):  # the keyset pass ended: the partition's final status
                 self.seam("keyset-done")
                 return step
