@@ -261,3 +261,52 @@ def test_the_api_serialises_the_views_the_cli_draws() -> None:
                          datetime(2026, 1, 2, 3, 4, 5))
     assert view.as_dict()["heartbeat_at"] == "2026-01-02T03:04:05"
     assert (view.share, view.as_dict()["takeovers"]) == (0.5, 1)
+
+
+def test_start_takes_run_parameters_and_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+    """The job page's start form: parameters checked before anything is written, stored on
+    the run; its dry run answers the plan and writes no run."""
+    from examples.seed import seed_cm_data
+    from examples.tables import migrate
+    from tasks.store.resources import make_engine
+    from tests import SAMPLE_MODULES
+
+    db = tmp_path / "params.sqlite"
+    env = console_env(db, EXTRA_TASK_MODULES=f"{SAMPLE_MODULES},tests.support.param_jobs")
+    engine = make_engine(f"sqlite:///{db}")
+    migrate(engine)
+    seed_cm_data(engine, 90)
+    engine.dispose()
+    proc, base = start_console(env)
+    try:
+        operator = Browserless(base)
+        assert operator.login().status == 302
+        token = {"X-CSRF-Token": operator.csrf()}
+        detail = operator.request("/api/jobs/cm_sliced")
+        assert detail.status == 200, (detail.status, detail.body)
+        fields = detail.json()["data"]["param_fields"]
+        assert {"name": "modulo", "type": "int", "required": True} in fields
+        assert {"name": "label", "type": "str", "required": False} in fields
+
+        bad = operator.request("/api/jobs/cm_sliced/dry-run", {"param": "modulo=x"}, token)
+        assert bad.status == 409 and "modulo" in bad.json()["error"]
+        plan = operator.request("/api/jobs/cm_sliced/dry-run", {"param": "modulo=3"}, token)
+        assert plan.status == 200, plan.body
+        assert plan.json()["data"]["estimated_rows"] == 30  # ids 3, 6, ... 90
+        assert operator.request("/api/jobs/cm_sliced").json()["data"]["runs"] == []
+
+        missing = operator.request("/api/jobs/cm_sliced/start", {}, token)
+        assert missing.status == 409 and "modulo" in missing.json()["error"]
+        assert operator.request("/api/jobs/cm_sliced").json()["data"]["runs"] == []
+        body = urllib.parse.urlencode([("param", "modulo=4"), ("param", "label=web")]).encode()
+        request = urllib.request.Request(base + "/api/jobs/cm_sliced/start", data=body,
+                                         headers=token, method="POST")
+        with operator.opener.open(request, timeout=30) as response:
+            assert response.status == 200
+        runs = operator.request("/api/jobs/cm_sliced").json()["data"]["runs"]
+        assert len(runs) == 1 and runs[0]["params"]["modulo"] == 4
+        assert runs[0]["params"]["label"] == "web"
+        # retry-skipped is reachable (a refusal, not a 404: no skipped rows).
+        assert operator.request("/api/jobs/cm_sliced/retry-skipped", {}, token).status == 409
+    finally:
+        proc.stop()

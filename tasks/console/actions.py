@@ -17,7 +17,7 @@ platform's own message; nothing was changed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tasks.celery import app, settings
@@ -135,7 +135,8 @@ def _job_detail(job: str, query: PartitionQuery) -> dict[str, Any]:
     from tasks.ranges.runs import events_of, runs_of
     from tasks.ranges.status import JobSummary, job_summaries
 
-    name = get_job(job).name
+    declared = get_job(job)
+    name = declared.name
     sessions = _res().sessions
     summary = next(iter(job_summaries(sessions, name)), None) or JobSummary.never_started(name)
     page = partition_page(sessions, replace(query, job=name))
@@ -145,11 +146,15 @@ def _job_detail(job: str, query: PartitionQuery) -> dict[str, Any]:
     events = events_of(sessions, [r.id for r in found])
     runs = [{**r.as_dict(), "events": [e.as_dict() for e in events[r.id]]} for r in found]
     return {"job": _summary_json(summary), "partitions": parts, "page": page.as_dict(),
-            "runs": runs}
+            "runs": runs, "param_fields": param_fields(declared)}
 
 
-def control(verb: str, job: str, actor: str, rows_per_s: str | None = None) -> dict[str, Any]:
-    """Run one of VERBS on `job`, as `python -m tasks jobs VERB JOB` does; its report."""
+def control(verb: str, job: str, actor: str, rows_per_s: str | None = None,
+            params: Sequence[str] = ()) -> dict[str, Any]:
+    """Run one of VERBS on `job`, as `python -m tasks jobs VERB JOB` does; its report. `params`:
+    a start's run parameters as `NAME=VALUE` (`jobs start --param`), checked before anything
+    is written."""
+    from tasks.ranges.params import parse_pairs
     from tasks.ranges.tasks import controls, start_job
 
     if verb not in VERBS:
@@ -157,7 +162,7 @@ def control(verb: str, job: str, actor: str, rows_per_s: str | None = None) -> d
 
     def run() -> dict[str, Any]:
         if verb == "start":
-            return start_job(job, actor)
+            return start_job(job, actor, parse_pairs(params) if params else None)
         c = controls()
         if verb == "throttle":
             return c.throttle(job, rows_per_s if rows_per_s is not None else "", actor)
@@ -167,6 +172,31 @@ def control(verb: str, job: str, actor: str, rows_per_s: str | None = None) -> d
         return verbs[verb](job, actor)
 
     return _guarded(run)  # type: ignore[no-any-return]
+
+
+def dry_run(job: str, params: Sequence[str] = ()) -> dict[str, Any]:
+    """What starting `job` with `params` (`NAME=VALUE`) would do, as `jobs start --dry-run`:
+    the plan, the first batch's SQL and rows, an ETA; reads only."""
+    from tasks.ranges.dryrun import dry_run as plan
+    from tasks.ranges.jobs import get_job
+    from tasks.ranges.params import parse_pairs, values_of
+
+    def run() -> dict[str, Any]:
+        found = get_job(job)
+        given, stored = found.make_params(parse_pairs(params) if params else None)
+        return plan(_res().sessions, found, given, values_of(stored)).as_dict()
+
+    return _guarded(run)  # type: ignore[no-any-return]
+
+
+def param_fields(job: Any) -> list[dict[str, Any]]:
+    """The run parameters `job` declares, as the start form shows them."""
+    from tasks.ranges.params import fields_of
+
+    if job.params is None:
+        return []
+    return [{"name": f.name, "type": f.kind.__name__, "required": f.required}
+            for f in fields_of(job.params)]
 
 
 # -- restock ---------------------------------------------------------------------------------

@@ -199,8 +199,17 @@ class JobApi(ApiHandler):
 class ControlApi(ApiHandler):
     async def post(self, job: str, verb: str) -> None:
         rate = self.get_body_argument("rows_per_s", None)
+        params = self.get_body_arguments("param")  # a start's NAME=VALUE pairs
         actor = self.actor()
-        await self.answer(lambda: actions.control(verb, job, actor, rate))
+        await self.answer(lambda: actions.control(verb, job, actor, rate, params))
+
+
+class DryRunApi(ApiHandler):
+    """What a start with the given parameters would do (`jobs start --dry-run`); reads only."""
+
+    async def post(self, job: str) -> None:
+        params = self.get_body_arguments("param")
+        await self.answer(lambda: actions.dry_run(job, params))
 
 
 class RestockApi(ApiHandler):
@@ -254,7 +263,9 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (rf"/deadletters/{_ID}", LetterPage),
     (r"/api/jobs", JobsApi),
     (rf"/api/jobs/{_JOB}", JobApi),
-    (rf"/api/jobs/{_JOB}/(start|pause|resume|cancel|retry-failed|throttle)", ControlApi),
+    (rf"/api/jobs/{_JOB}/(start|pause|resume|cancel|retry-failed|retry-skipped|throttle)",
+     ControlApi),
+    (rf"/api/jobs/{_JOB}/dry-run", DryRunApi),
     (r"/api/restock", RestockApi),
     (r"/api/deadletters", LettersApi),
     (r"/api/deadletters/purge", PurgeOlderApi),

@@ -59,7 +59,7 @@
     const response = await fetch(url, {
       method: "POST", credentials: "same-origin",
       headers: { "X-CSRF-Token": csrf },
-      body: new URLSearchParams(fields || {}),
+      body: fields instanceof URLSearchParams ? fields : new URLSearchParams(fields || {}),
     });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) throw new Error(body.error || response.statusText);
@@ -190,6 +190,25 @@
     fill(document.querySelector("#partitions tbody"), data.partitions.map(partRow));
     pager(data.page);
     fill(document.querySelector("#runs tbody"), data.runs.map(runRow));
+    paramInputs(data.param_fields || []);
+  }
+
+  // The start form: one input per declared run parameter (made once), sent as param=NAME=VALUE.
+  function paramInputs(fields) {
+    const holder = document.getElementById("param-fields");
+    if (!holder || holder.dataset.made) return;
+    holder.dataset.made = "1";
+    holder.replaceChildren(...fields.map((f) => el("label", {}, `${f.name} `, el("input", {
+      type: "text", name: f.name, className: "param", id: `param-${f.name}`,
+      placeholder: f.type + (f.required ? " (required)" : ""), required: f.required }))));
+  }
+
+  function startFields() {
+    const fields = new URLSearchParams();
+    document.querySelectorAll("#param-fields input.param").forEach((input) => {
+      if (input.value.trim() !== "") fields.append("param", `${input.name}=${input.value}`);
+    });
+    return fields;
   }
 
   function nodeRows(n) {
@@ -270,6 +289,22 @@
       button.addEventListener("click", () => act(
         `/api/jobs/${encodeURIComponent(jobName)}/${button.dataset.verb}`, {},
         button.dataset.confirm));
+    });
+    document.getElementById("start-form")?.addEventListener("submit", (event) => {
+      event.preventDefault();
+      act(`/api/jobs/${encodeURIComponent(jobName)}/start`, startFields());
+    });
+    document.getElementById("btn-dry-run")?.addEventListener("click", async () => {
+      const shown = document.getElementById("dry-run");
+      try {
+        const plan = await post(`/api/jobs/${encodeURIComponent(jobName)}/dry-run`,
+          startFields());
+        shown.textContent = JSON.stringify(plan, null, 2);
+        shown.hidden = false;
+        flash("dry run: nothing was written", "ok");
+      } catch (error) {
+        flash(`refused: ${error.message}`, "error");
+      }
     });
     document.getElementById("throttle-form")?.addEventListener("submit", (event) => {
       event.preventDefault();
