@@ -263,7 +263,9 @@ def test_the_api_serialises_the_views_the_cli_draws() -> None:
     assert (view.share, view.as_dict()["takeovers"]) == (0.5, 1)
 
 
-def test_start_takes_run_parameters_and_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+def test_start_takes_run_parameters_a_dry_run_writes_nothing_and_schedules_are_set(
+    tmp_path: Path
+) -> None:
     """The job page's start form: parameters checked before anything is written, stored on
     the run; its dry run answers the plan and writes no run."""
     from examples.seed import seed_cm_data
@@ -308,5 +310,18 @@ def test_start_takes_run_parameters_and_a_dry_run_writes_nothing(tmp_path: Path)
         assert runs[0]["params"]["label"] == "web"
         # retry-skipped is reachable (a refusal, not a 404: no skipped rows).
         assert operator.request("/api/jobs/cm_sliced/retry-skipped", {}, token).status == 409
+        # The schedule: refused as the CLI refuses it, set, shown, cleared.
+        bad_cron = operator.request("/api/jobs/cm_noted/schedule", {"cron": "61 * * * *"}, token)
+        assert bad_cron.status == 409
+        assert operator.request("/api/jobs/cm_noted").json()["data"]["schedule"] is None
+        set_ = operator.request("/api/jobs/cm_noted/schedule",
+                                {"cron": "0 2 * * *", "policy": "queue", "missed": "skip"}, token)
+        assert set_.status == 200, set_.body
+        shown = operator.request("/api/jobs/cm_noted").json()["data"]["schedule"]
+        assert (shown["cron"], shown["policy"], shown["missed"]) == ("0 2 * * *", "queue", "skip")
+        assert shown["next_due"].endswith("T02:00:00Z") or "02:00:00" in shown["next_due"]
+        cleared = operator.request("/api/jobs/cm_noted/schedule", {"clear": "1"}, token)
+        assert cleared.status == 200
+        assert operator.request("/api/jobs/cm_noted").json()["data"]["schedule"]["cron"] is None
     finally:
         proc.stop()

@@ -146,7 +146,8 @@ def _job_detail(job: str, query: PartitionQuery) -> dict[str, Any]:
     events = events_of(sessions, [r.id for r in found])
     runs = [{**r.as_dict(), "events": [e.as_dict() for e in events[r.id]]} for r in found]
     return {"job": _summary_json(summary), "partitions": parts, "page": page.as_dict(),
-            "runs": runs, "param_fields": param_fields(declared)}
+            "runs": runs, "param_fields": param_fields(declared),
+            "schedule": _schedule_of(declared)}
 
 
 def control(verb: str, job: str, actor: str, rows_per_s: str | None = None,
@@ -187,6 +188,29 @@ def dry_run(job: str, params: Sequence[str] = ()) -> dict[str, Any]:
         return plan(_res().sessions, found, given, values_of(stored)).as_dict()
 
     return _guarded(run)  # type: ignore[no-any-return]
+
+
+def schedule(job: str, actor: str, cron: str | None, policy: str, missed: str) -> dict[str, Any]:
+    """Set or change (`cron` given) or clear (`cron` None) `job`'s cron schedule, as `python
+    -m tasks jobs schedule` does; the schedule as stored."""
+    from tasks.ranges.jobs import get_job
+    from tasks.ranges.timetable import clear_schedule, set_schedule
+
+    def run() -> dict[str, Any]:
+        found = get_job(job)
+        if cron is None:
+            clear_schedule(_res().sessions, found)
+        else:
+            set_schedule(_res().sessions, found, cron, policy or "skip", missed or "once")
+        return _schedule_of(found) or {"job": found.name, "cron": None}
+
+    return _guarded(run)  # type: ignore[no-any-return]
+
+
+def _schedule_of(job: Any) -> dict[str, Any] | None:
+    from tasks.ranges.timetable import views
+
+    return next((v for v in views(_res().sessions, [job]) if v["job"] == job.name), None)
 
 
 def param_fields(job: Any) -> list[dict[str, Any]]:

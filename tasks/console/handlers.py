@@ -204,6 +204,18 @@ class ControlApi(ApiHandler):
         await self.answer(lambda: actions.control(verb, job, actor, rate, params))
 
 
+class ScheduleApi(ApiHandler):
+    """Set or change (`cron`, `policy`, `missed`) or clear (`clear=1`) the job's schedule."""
+
+    async def post(self, job: str) -> None:
+        cron = None if self.get_body_argument("clear", "") else self.get_body_argument(
+            "cron", "")
+        policy = self.get_body_argument("policy", "skip")
+        missed = self.get_body_argument("missed", "once")
+        actor = self.actor()
+        await self.answer(lambda: actions.schedule(job, actor, cron, policy, missed))
+
+
 class DryRunApi(ApiHandler):
     """What a start with the given parameters would do (`jobs start --dry-run`); reads only."""
 
@@ -266,6 +278,7 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (rf"/api/jobs/{_JOB}/(start|pause|resume|cancel|retry-failed|retry-skipped|throttle)",
      ControlApi),
     (rf"/api/jobs/{_JOB}/dry-run", DryRunApi),
+    (rf"/api/jobs/{_JOB}/schedule", ScheduleApi),
     (r"/api/restock", RestockApi),
     (r"/api/deadletters", LettersApi),
     (r"/api/deadletters/purge", PurgeOlderApi),

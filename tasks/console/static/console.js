@@ -191,6 +191,10 @@
     pager(data.page);
     fill(document.querySelector("#runs tbody"), data.runs.map(runRow));
     paramInputs(data.param_fields || []);
+    const sched = data.schedule;
+    document.getElementById("schedule-now").textContent = sched && sched.cron
+      ? `now: ${sched.cron} (${sched.policy}, missed ${sched.missed}), next ${sched.next_due || "-"}`
+      : "no schedule";
   }
 
   // The start form: one input per declared run parameter (made once), sent as param=NAME=VALUE.
@@ -294,6 +298,15 @@
       event.preventDefault();
       act(`/api/jobs/${encodeURIComponent(jobName)}/start`, startFields());
     });
+    document.getElementById("schedule-form")?.addEventListener("submit", (event) => {
+      event.preventDefault();
+      act(`/api/jobs/${encodeURIComponent(jobName)}/schedule`, {
+        cron: document.getElementById("cron").value,
+        policy: document.getElementById("policy").value,
+        missed: document.getElementById("missed").value });
+    });
+    document.getElementById("btn-unschedule")?.addEventListener("click", () => act(
+      `/api/jobs/${encodeURIComponent(jobName)}/schedule`, { clear: "1" }));
     document.getElementById("btn-dry-run")?.addEventListener("click", async () => {
       const shown = document.getElementById("dry-run");
       try {
