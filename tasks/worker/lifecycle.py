@@ -68,7 +68,9 @@ def _setup_metrics(sender: Any, role: str) -> bool:
     settings = getattr(app, "platform_settings", None)
     if settings is None:  # not a PlatformCelery app (tasks.celery)
         return False
-    names = [name for name in app.tasks if not name.startswith("celery.")]
+    # beat runs no task: its task series would be zeros beside the workers'
+    names = [name for name in app.tasks if not name.startswith("celery.")] \
+        if role == "worker" else []
     try:
         port = metrics.setup(settings, role, names, getattr(app, "platform_wings", ()),
                              app=app if role == "beat" else None)
