@@ -89,7 +89,10 @@ def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
 
         def released() -> Samples | None:
             samples = scrape(port)
-            return samples if value(samples, "rangekeeper_lease_released_total") >= 3 else None
+            ran = value(samples, "rangekeeper_task_runtime_seconds_count",
+                        task="tasks.ranges.run_partition")
+            released = value(samples, "rangekeeper_lease_released_total")
+            return samples if released >= 3 and ran >= 1 else None
 
         after = wait_until(released, 30, "the releases counted")
         state = wait_until(lambda: scrape(beat_port), 30, "beat's metrics")
@@ -118,9 +121,11 @@ def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
     assert value(after, "rangekeeper_range_batches_total", range_job="cm_data") >= 15
     assert value(after, "rangekeeper_range_batch_seconds_count", range_job="cm_data") == \
         value(after, "rangekeeper_range_batches_total", range_job="cm_data")
-    # three partitions ran in the pool, each timed once its task ended
+    # the partitions ran in the pool (a runner task claims partitions until none is left),
+    # each runner task timed once it ended, none failed
     assert value(after, "rangekeeper_task_runtime_seconds_count",
-                 task="tasks.ranges.run_partition") >= 3
+                 task="tasks.ranges.run_partition") >= 1
+    assert value(after, "rangekeeper_task_failures_total", task="tasks.ranges.run_partition") == 0
     assert value(state, "rangekeeper_restock_node_up", node="0") == 1
     assert not pid_dir.exists()  # removed at shutdown
     exported = {name for name, _labels in (*after, *state)}
