@@ -27,6 +27,7 @@ from celery.beat import Scheduler
 from redis.exceptions import RedisError
 
 from lease import Lease, LeaseLost, NotAcquired, NotHeld
+from tasks.observe.state import set_leader
 from tasks.worker.heartbeat import touch
 from tasks.worker.keys import BEAT_LEADER
 
@@ -92,6 +93,7 @@ class LeaderScheduler(Scheduler):
             except LeaseLost:
                 log.warning("beat: lost the leader lease; standing by")
                 self._lease = None
+                set_leader(False)
         try:
             self._lease = self._leases.acquire(LEADER_LEASE, ttl=self.lease_ttl)
         except NotAcquired:
@@ -100,6 +102,7 @@ class LeaderScheduler(Scheduler):
             log.warning("beat: cannot reach Redis for the leader lease (%s)", type(exc).__name__)
             return False
         log.info("beat: became leader (fence %d)", self._lease.fence)
+        set_leader(True)  # the leader alone serves the shared state's metrics
         return True
 
     def _heartbeat(self) -> None:
@@ -111,6 +114,7 @@ class LeaderScheduler(Scheduler):
             log.warning("beat: cannot touch %s: %s", self._alive, exc)
 
     def close(self) -> None:
+        set_leader(False)
         if self._alive is not None:
             self._alive.unlink(missing_ok=True)
         if self._lease is not None:

@@ -1,11 +1,18 @@
-"""Prometheus metrics (METRICS_PORT) and JSON logs (LOG_FORMAT=json) of real worker processes."""
+"""Prometheus metrics (METRICS_PORT) and JSON logs (LOG_FORMAT=json) of real worker processes.
+
+Workers serve their own series; the shared state (partitions, runs, restock nodes, queues, dead
+letters) is served by the leading beat alone (tasks/observe/state.py), so the tests that read
+it start a beat with its own METRICS_PORT. tests/test_prometheus.py scrapes both with a real
+Prometheus."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import urllib.request
 from pathlib import Path
+from socket import gethostname
 from typing import Any
 
 import pytest
@@ -23,7 +30,15 @@ from tests.ranges.cluster import Platform
 from tests.support.brokers import platform_client
 from tests.support.db import DATABASES, fresh_database
 from tests.support.redis_server import RedisServer
-from tests.support.workers import celery_call, platform_env, start_worker, wait_until
+from tests.support.workers import (
+    CELERY,
+    ROOT,
+    Proc,
+    celery_call,
+    platform_env,
+    start_worker,
+    wait_until,
+)
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rangekeeper.json"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -40,16 +55,25 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def start_beat(env: dict[str, str], port: int) -> Proc:
+    """A beat serving its metrics on `port`, once it leads (and so serves the shared state)."""
+    beat = Proc([*CELERY, "beat", "--loglevel=INFO"], dict(env, METRICS_PORT=str(port)), "beat")
+    beat.wait_for(f"metrics on http://127.0.0.1:{port}/metrics (beat)", timeout=30)
+    beat.wait_for("beat: became leader", timeout=30)
+    return beat
+
+
 @pytest.mark.timeout(180)
 def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
     worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    port = free_port()
+    port, beat_port = free_port(), free_port()
     env = dict(worker_env, METRICS_PORT=str(port), CM_DATA_PARTITION_SIZE="1000",
                CM_DATA_BATCH_SIZE="200", LEASE_TTL="2")
     engine = fresh_database(env["DATABASE_URL"])
     seed_cm_data(engine, 3000)
     worker = start_worker(env, 2)
+    beat = start_beat(env, beat_port)
     try:
         before = wait_until(lambda: scrape(port), 30, "the metrics endpoint")
         assert value(before, "rangekeeper_lease_acquired_total") == 0
@@ -65,32 +89,46 @@ def test_a_worker_exports_lease_and_range_metrics_that_move_with_the_work(
 
         def released() -> Samples | None:
             samples = scrape(port)
-            return samples if value(samples, "rangekeeper_lease_released_total") >= 3 else None
+            ran = value(samples, "rangekeeper_task_runtime_seconds_count",
+                        task="tasks.ranges.run_partition")
+            released = value(samples, "rangekeeper_lease_released_total")
+            return samples if released >= 3 and ran >= 1 else None
 
         after = wait_until(released, 30, "the releases counted")
+        state = wait_until(lambda: scrape(beat_port), 30, "beat's metrics")
         pid_dir = metrics_dir_root() / f"worker-{worker.pid}"
         assert pid_dir.is_dir() and any(pid_dir.iterdir())  # the pool processes' files
     finally:
+        beat.stop()
         worker.stop()
         engine.dispose()
     # one lease per partition (plus the reconcile rounds' own leases, if any)
     assert value(after, "rangekeeper_lease_acquired_total") >= 3
     assert value(after, "rangekeeper_lease_lost_total", reason="expired") == 0
-    assert value(after, "rangekeeper_range_partitions", job="cm_data", state="done") == 3
-    # One series per run state, 1 for the run's (no beat here to settle it: running or ended)
-    run_state = {state: value(after, "rangekeeper_range_run_state", job="cm_data", state=state)
-                 for state in ("running", "paused", "cancelled", "succeeded", "failed")}
+    # The shared state comes from the leading beat, and from no worker.
+    assert value(state, "rangekeeper_range_partitions", range_job="cm_data", state="done") == 3
+    assert not any(name.startswith(("rangekeeper_range_partitions", "rangekeeper_queue_",
+                                    "rangekeeper_dead_letters", "rangekeeper_restock_node"))
+                   for name, _labels in after)
+    # One series per run state, 1 for the run's (running until beat's round settles it)
+    run_state = {s: value(state, "rangekeeper_range_run_state", range_job="cm_data", state=s)
+                 for s in ("running", "paused", "cancelled", "succeeded", "failed")}
     assert sorted(run_state.values()) == [0, 0, 0, 0, 1], run_state
     assert run_state["running"] + run_state["succeeded"] == 1, run_state
-    assert value(after, "rangekeeper_range_rows_done", job="cm_data") == 3000
+    assert value(state, "rangekeeper_range_rows_done", range_job="cm_data") == 3000
     # counted by the pool processes batch by batch: exactly the job's rows
-    assert value(after, "rangekeeper_range_rows_processed_total", job="cm_data") == 3000
-    assert value(after, "rangekeeper_range_batches_total", job="cm_data") >= 15
-    assert value(after, "rangekeeper_range_batch_seconds_count", job="cm_data") == \
-        value(after, "rangekeeper_range_batches_total", job="cm_data")
-    assert value(after, "rangekeeper_restock_node_up", node="0") == 1
+    assert value(after, "rangekeeper_range_rows_processed_total", range_job="cm_data") == 3000
+    assert value(after, "rangekeeper_range_batches_total", range_job="cm_data") >= 15
+    assert value(after, "rangekeeper_range_batch_seconds_count", range_job="cm_data") == \
+        value(after, "rangekeeper_range_batches_total", range_job="cm_data")
+    # the partitions ran in the pool (a runner task claims partitions until none is left),
+    # each runner task timed once it ended, none failed
+    assert value(after, "rangekeeper_task_runtime_seconds_count",
+                 task="tasks.ranges.run_partition") >= 1
+    assert value(after, "rangekeeper_task_failures_total", task="tasks.ranges.run_partition") == 0
+    assert value(state, "rangekeeper_restock_node_up", node="0") == 1
     assert not pid_dir.exists()  # removed at shutdown
-    exported = {name for name, _labels in after}
+    exported = {name for name, _labels in (*after, *state)}
     assert dashboard_metrics() - exported == set()
 
 
@@ -101,13 +139,15 @@ def test_a_restock_sync_and_drain_move_the_restock_metrics_by_the_entries_draine
     """Three orders' entries on one shard queue (two unpaid, one paid): the unsynced log, the
     delay queue and its due entries are read at scrape time; the drain counts two SUCCESS and
     one PAID on that node and queue, and nothing anywhere else."""
-    port = free_port()
+    port, beat_port = free_port(), free_port()
+    # beat serves the restock state; its own restock ticks are an hour away
     env = dict(worker_env, METRICS_PORT=str(port), RESTOCK_SHARDS="4", RESTOCK_QUEUES="2",
-               RESTOCK_DELAY="1", RESTOCK_BATCH="2")
+               RESTOCK_DELAY="1", RESTOCK_BATCH="2", RESTOCK_INTERVAL="3600")
     fresh_database(env["DATABASE_URL"]).dispose()
     router = Router(shards=4, queues=("q0", "q1"))
     node, queue = str(router.shard_for("sku-m")), router.queue_for("m-1")
     worker = start_worker(env, 2)
+    beat = start_beat(env, beat_port)
     app = platform_client(env)
 
     def call(task: str, *args: Any) -> Any:
@@ -127,20 +167,22 @@ def test_a_restock_sync_and_drain_move_the_restock_metrics_by_the_entries_draine
             call("place_order", order, "m-1", [[f"i-{order}", "sku-m", qty]])
         call("pay", "o-3")
         where = {"node": node, "queue": queue}
-        logged = scrape(port)
+        logged = scrape(beat_port)
         assert value(logged, "rangekeeper_restock_unsynced_log_entries", **where) == 3
         assert value(logged, "rangekeeper_restock_queued", **where) == 0
         assert call("sync", int(node), queue)["moved"] == 3
-        synced = scrape(port)
+        synced = scrape(beat_port)
         assert value(synced, "rangekeeper_restock_unsynced_log_entries", **where) == 0
         assert value(synced, "rangekeeper_restock_queued", **where) == 3
-        wait_until(lambda: value(scrape(port), "rangekeeper_restock_due", **where) == 3, 10,
-                   "the three entries due")
+        wait_until(lambda: value(scrape(beat_port), "rangekeeper_restock_due", **where) == 3,
+                   10, "the three entries due")
         report = call("drain", int(node), queue)
         assert report["outcome"] == "drained" and report["batches"] == 2, report
         after = scrape(port)
+        state = scrape(beat_port)
         assert call("inspect", "sku-m")["redis_stock"] == 10 - 3  # o-1 and o-2 came back
     finally:
+        beat.stop()
         worker.stop()
         app.close()
     assert report["statuses"] == {"SUCCESS": 2, "PAID": 1}
@@ -148,8 +190,8 @@ def test_a_restock_sync_and_drain_move_the_restock_metrics_by_the_entries_draine
     assert drained == {(("node", node), ("queue", queue), ("status", "SUCCESS")): 2,
                        (("node", node), ("queue", queue), ("status", "PAID")): 1}
     assert sum(drained.values()) == sum(report["statuses"].values())
-    assert value(after, "rangekeeper_restock_queued", **where) == 0
-    assert value(after, "rangekeeper_restock_due", **where) == 0
+    assert value(state, "rangekeeper_restock_queued", **where) == 0
+    assert value(state, "rangekeeper_restock_due", **where) == 0
     assert after[("rangekeeper_restock_dead_letters_total", tuple(sorted(where.items())))] == 0
 
 
@@ -232,5 +274,33 @@ def test_a_takeover_after_kill_9_is_counted_on_the_survivor(
         platform.assert_exactly_once(2000)
     finally:
         engine.dispose()  # after the last query: a connection made after it would leak
-    assert value(survivor, "rangekeeper_range_takeovers_total", job="cm_data") == 1
-    assert value(survivor, "rangekeeper_range_rows_processed_total", job="cm_data") > 1000
+    assert value(survivor, "rangekeeper_range_takeovers_total", range_job="cm_data") == 1
+    assert value(survivor, "rangekeeper_range_rows_processed_total", range_job="cm_data") > 1000
+
+
+@pytest.mark.timeout(90)
+def test_a_second_worker_on_the_same_metrics_port_exits_with_one_line(
+    worker_env: dict[str, str]
+) -> None:
+    """Two workers on one host with one METRICS_PORT: the first says where its metrics are,
+    the second exits non-zero at start with one line naming METRICS_PORT, and never runs
+    without metrics."""
+    port = free_port()
+    env = dict(worker_env, METRICS_PORT=str(port))
+    first = start_worker(env, 1, "first")
+    try:
+        assert f"metrics on http://127.0.0.1:{port}/metrics (worker)" in first.output()
+        second = subprocess.run(
+            [*CELERY, "worker", "-P", "prefork", "-c", "1", "-n", "second@%h",
+             "--loglevel=INFO", "--without-mingle", "--without-gossip"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert value(scrape(port), "rangekeeper_worker_up", worker=f"first@{gethostname()}",
+                     queue="ranges") == 1  # the first one's, still served
+    finally:
+        first.stop()
+    assert second.returncode != 0
+    errors = [line for line in second.stderr.splitlines() if "METRICS_PORT" in line]
+    assert errors == [f"worker: METRICS_PORT={port}: cannot serve metrics on 127.0.0.1:{port} "
+                      "(Address already in use); each worker and beat on one host needs its "
+                      "own METRICS_PORT"], second.stderr
+    assert "Traceback" not in second.stderr and "ready." not in second.stdout + second.stderr

@@ -101,12 +101,13 @@ def test_the_procfile_starts_worker_beat_flower_and_the_console_with_auth(
     from tests.test_console_http import Browserless
     from tests.test_flower import listening_addresses
 
-    port, console_port = free_port(), free_port()
+    port, console_port, metrics = free_port(), free_port(), metrics_ports()
     env = platform_env(
         REDIS_URL=private_redis.url, DATABASE_URL=f"sqlite:///{tmp_path}/p.sqlite",
         FLOWER_BASIC_AUTH="admin:s3cret-pw", FLOWER_PORT=str(port), WORKER_CONCURRENCY="1",
         CONSOLE_USER="operator", CONSOLE_PASSWORD="console-pw-7077",
         CONSOLE_PORT=str(console_port), PATH=f"{BIN}:{platform_env()['PATH']}", LEASE_TTL="2",
+        METRICS_PORT=str(metrics),
     )
     for name in ("CONSOLE_ADDRESS", "CONSOLE_SECRET", "FLOWER_URL"):
         env.pop(name, None)
@@ -140,8 +141,29 @@ def test_the_procfile_starts_worker_beat_flower_and_the_console_with_auth(
         assert report["status"] == "ok"
         assert "s3cret-pw" not in honcho.output()
         assert "console-pw-7077" not in honcho.output()
+        # One METRICS_PORT in .env: worker, control worker and beat each on their own port
+        for offset, role in ((0, "worker"), (10, "worker"), (20, "beat")):
+            honcho.wait_for(f"metrics on http://127.0.0.1:{metrics + offset}/metrics ({role})")
+        _wait_http(f"http://127.0.0.1:{metrics + 20}/metrics")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics + 20}/metrics") as reply:
+            assert b"rangekeeper_state_collect_seconds" in reply.read()  # the leader's state
     finally:
         honcho.stop()
+
+
+def metrics_ports() -> int:
+    """A free port whose +10 and +20 are free too (the Procfile's control worker and beat)."""
+    import socket
+
+    while True:
+        base = free_port()
+        try:
+            for offset in (10, 20):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
 
 
 def test_flower_refuses_to_start_without_credentials(private_redis: RedisServer) -> None:

@@ -5,26 +5,35 @@ prometheus-client's multiprocess mode does the bookkeeping: `setup()` runs in th
 main process before it forks its pool (Celery's `worker_init`) or in beat (`beat_init`); it
 makes a fresh directory of its own under the system's temporary directory, points
 PROMETHEUS_MULTIPROC_DIR at it before prometheus_client is imported, and serves every pool
-process's samples from there, with the series each wing declares (`Wing.series`) and the
-state the wings read at scrape time (partitions by state, restock queues: `Wing.state`, named
-as strings in the wings' declarations, so this room names no wing). A pool
+process's samples from there, with the series each wing declares (`Wing.series`). A pool
 process that exits is marked dead; the directory is removed at shutdown and stale ones (their
 process gone) at the next start. Nothing here runs when METRICS_PORT is unset: every `record`
 call is then one attribute check.
 
+A port that cannot be bound (another worker on this host has it) raises `MetricsUnavailable`:
+the process exits with that one line rather than run without metrics. Once logging is set up,
+`announce()` logs where the metrics are served ("metrics on http://ADDR:PORT/metrics").
+
+The shared state (partitions by state, runs, restock nodes, dead letters, queue backlogs) is
+served by beat alone, while it leads (`tasks.observe.state`); workers serve their own series:
+leases, range batches, restock drains, and per task its run time, failures and retries
+(Celery's task signals, `tasks.worker.lifecycle`), and one `worker_up` series per queue the
+worker consumes.
+
 Names follow Prometheus conventions: one `rangekeeper_` prefix, base units (seconds), `_total`
-for counters. Labels stay bounded: job, node, queue, task name, state, reason class; never a
-task id, an order id or a partition number.
+for counters. Labels stay bounded: range_job, node, queue, task name, state, reason class,
+worker name; never a task id, an order id or a partition number. No label is named `job`:
+that is the scrape job's own label (Prometheus would rename ours `exported_job`).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,7 +42,8 @@ if TYPE_CHECKING:
     from tasks.wing import Wing
 
 __all__ = ["setup", "shutdown", "child_exited", "record", "Metrics", "Make",
-           "metrics_dir_root", "lost_reason"]
+           "metrics_dir_root", "lost_reason", "announce", "MetricsUnavailable",
+           "TASK_BUCKETS", "worker_serving"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,12 @@ T = TypeVar("T")
 
 PREFIX = "rangekeeper_"
 SECONDS_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Tasks run from milliseconds (a control, a ping) to an hour (a partition of a big table).
+TASK_BUCKETS = (.005, .025, .1, .5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+class MetricsUnavailable(Exception):
+    """METRICS_PORT is set but cannot be served (the port is taken); the message says which."""
 
 
 def lost_reason(reason: str) -> str:
@@ -69,9 +85,10 @@ class Make:
         return self._client.Gauge(PREFIX + name, doc, tuple(labels), multiprocess_mode=mode,
                                   registry=None)
 
-    def histogram(self, name: str, doc: str, labels: Iterable[str] = ()) -> Any:
+    def histogram(self, name: str, doc: str, labels: Iterable[str] = (),
+                  buckets: Iterable[float] = SECONDS_BUCKETS) -> Any:
         return self._client.Histogram(PREFIX + name, doc, tuple(labels),
-                                      buckets=SECONDS_BUCKETS, registry=None)
+                                      buckets=tuple(buckets), registry=None)
 
 
 class Metrics:
@@ -93,12 +110,33 @@ class Metrics:
         self.task_retries = counter("task_retries", "retries scheduled", ["task"])
         self.task_capped = counter("task_redelivery_dead_letters",
                                    "messages dead-lettered at the redelivery cap", ["task"])
+        self.task_runtime = make.histogram("task_runtime_seconds", "task run times, by task",
+                                           ["task"], buckets=TASK_BUCKETS)
+        self.task_failures = counter("task_failures", "tasks that raised, by task", ["task"])
+        self.worker_up = make.gauge("worker_up", "1 for each queue this worker consumes",
+                                    ["worker", "queue"])
+        self._started: dict[str, float] = {}
         self.wings: dict[type[Any], Any] = {cls: cls(make) for cls in series}
 
     def of(self, cls: type[T]) -> T:
         """The series object of class `cls` (a wing's `Wing.series`)."""
         found: T = self.wings[cls]
         return found
+
+    # Celery's task signals (tasks.worker.lifecycle), in the process that runs the task -----
+    def task_started(self, task_id: str) -> None:
+        self._started[task_id] = time.monotonic()
+
+    def task_finished(self, task_id: str, name: str) -> None:
+        began = self._started.pop(task_id, None)
+        if began is not None:
+            self.task_runtime.labels(name).observe(time.monotonic() - began)
+
+    def task_failed(self, name: str) -> None:
+        self.task_failures.labels(name).inc()
+
+    def task_retried(self, name: str) -> None:
+        self.task_retries.labels(name).inc()
 
     # lease.stats.Observer ------------------------------------------------------------------
     def counted(self, counter: str, n: int) -> None:
@@ -135,10 +173,12 @@ def metrics_dir_root() -> Path:
 
 
 def setup(settings: Settings, role: str, task_names: Iterable[str] = (),
-          wings: Iterable[Wing] = ()) -> int | None:
+          wings: Iterable[Wing] = (), app: Any = None) -> int | None:
     """Start exporting for this process and the pool processes it will fork; return the port
     served, or None when METRICS_PORT is unset. Call before forking. `task_names`: the tasks
-    whose retry and cap series start at 0; `wings`: whose series and state to serve."""
+    whose task series start at 0; `wings`: whose series to serve; with `app`, the shared
+    state too, while this process leads (beat). Raises `MetricsUnavailable` when the port
+    cannot be bound."""
     if settings.metrics_port is None or record.on is not None:
         return None
     root = metrics_dir_root()
@@ -147,6 +187,7 @@ def setup(settings: Settings, role: str, task_names: Iterable[str] = (),
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True, mode=0o700)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    _state.update(directory=directory)
     from prometheus_client import CollectorRegistry, start_http_server, values
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -157,26 +198,49 @@ def setup(settings: Settings, role: str, task_names: Iterable[str] = (),
     from lease.stats import set_observer
 
     wings = tuple(wings)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    if app is not None:
+        from tasks.observe.state import StateCollector
+
+        registry.register(StateCollector(settings, app, wings))
+    address, wanted = settings.metrics_address, settings.metrics_port
+    try:
+        server, _thread = start_http_server(wanted, address, registry=registry)
+    except OSError as exc:
+        shutdown()
+        raise MetricsUnavailable(
+            f"METRICS_PORT={wanted}: cannot serve metrics on {address}:{wanted} "
+            f"({exc.strerror or exc}); each worker and beat on one host needs its own "
+            "METRICS_PORT") from exc
     record.on = Metrics(wing.series for wing in wings if wing.series is not None)
     _zero(record.on, settings, task_names)
     set_observer(record.on)
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))
-    registry.register(_StateCollector(settings, [w.state for w in wings if w.state]))
-    server, _thread = start_http_server(settings.metrics_port, settings.metrics_address,
-                                        registry=registry)
-    _state.update(directory=directory, server=server)
     port = int(server.server_address[1])
-    log.info("metrics on http://%s:%d/metrics (%s)", settings.metrics_address, port, role)
+    _state.update(server=server, url=f"http://{address}:{port}/metrics ({role})")
     return port
+
+
+def announce() -> None:
+    """Log where this process serves its metrics (once logging is set up)."""
+    url = _state.get("url")
+    if url is not None:
+        log.info("metrics on %s", url)
+
+
+def worker_serving(worker: str, queues: Iterable[str]) -> None:
+    """This worker's `worker_up` series: 1 for each queue it consumes."""
+    if record.on is not None:
+        for queue in queues:
+            record.on.worker_up.labels(worker, queue).set(1)
 
 
 def _zero(m: Metrics, settings: Settings, task_names: Iterable[str]) -> None:
     for reason in ("refused", "expired", "other"):
         m.lease_lost.labels(reason)
     for name in task_names:
-        m.task_retries.labels(name)
-        m.task_capped.labels(name)
+        for metric in (m.task_retries, m.task_capped, m.task_runtime, m.task_failures):
+            metric.labels(name)
     # Each wing's labelled series at 0, so every series exists (and a dashboard or an alert
     # sees 0, not nothing) before it first moves.
     for series in m.wings.values():
@@ -197,6 +261,7 @@ def shutdown() -> None:
     server = _state.pop("server", None)
     if server is not None:
         server.shutdown()
+    _state.pop("url", None)
     directory = _state.pop("directory", None)
     if directory is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR") == str(directory):
         shutil.rmtree(directory, ignore_errors=True)
@@ -220,24 +285,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-class _StateCollector:
-    """Reads the wings' shared state (database, Redis) when scraped."""
-
-    def __init__(self, settings: Settings, specs: Iterable[str]) -> None:
-        self.settings = settings
-        self.sources: list[Callable[[Settings], Iterable[Any]]] = []
-        for spec in specs:
-            module, _, name = spec.partition(":")
-            try:
-                self.sources.append(getattr(importlib.import_module(module), name))
-            except ImportError:
-                log.debug("metrics: no state source %s", spec)
-
-    def collect(self) -> Iterable[Any]:
-        for source in self.sources:
-            try:
-                yield from source(self.settings)
-            except Exception as exc:  # a scrape must not fail because a store is away
-                log.warning("metrics: %s failed: %s", source.__module__, type(exc).__name__)

@@ -1,7 +1,8 @@
 """The range wing's metric series (`RangeSeries`, served by `tasks.observe.metrics`) and its
-state for Prometheus, read at scrape time: partitions by job and state, the rows done and
-planned per job (from the work rows), and the state of each job's latest run (one series per
-state, 1 for the run's state and 0 for the others)."""
+state for Prometheus, read at scrape time by the leading beat (`tasks.observe.state`):
+partitions by job and state, the rows done and planned per job (from the work rows), and the
+state of each job's latest run (one series per state, 1 for the run's state and 0 for the
+others). The job's label is `range_job`: `job` is the scrape job's own label in Prometheus."""
 
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ def collect(settings: Settings) -> Iterable[Any]:
         runs = session.execute(select(RANGE_RUNS.c.job, RANGE_RUNS.c.state)
                                .where(RANGE_RUNS.c.id.in_(latest.scalar_subquery()))).all()
     p = "rangekeeper_range_"
-    parts = GaugeMetricFamily(p + "partitions", "partitions by state", labels=["job", "state"])
+    parts = GaugeMetricFamily(p + "partitions", "partitions by state",
+                              labels=["range_job", "state"])
     done = GaugeMetricFamily(p + "rows_done", "rows processed by the job's partitions",
-                             labels=["job"])
+                             labels=["range_job"])
     planned = GaugeMetricFamily(p + "ids_planned", "ids covered by the job's partitions",
-                                labels=["job"])
+                                labels=["range_job"])
     totals: dict[str, list[int]] = {}
     for job, state, count, rows_done, ids in rows:
         parts.add_metric([job, state], count)
@@ -48,7 +50,7 @@ def collect(settings: Settings) -> Iterable[Any]:
         done.add_metric([job], rows_done)
         planned.add_metric([job], ids)
     run_state = GaugeMetricFamily(p + "run_state", "1 for the state of the job's latest run",
-                                  labels=["job", "state"])
+                                  labels=["range_job", "state"])
     for job, state in runs:
         for each in (*RunState.LIVE, *RunState.ENDED):
             run_state.add_metric([job, each], 1 if each == state else 0)
@@ -56,19 +58,21 @@ def collect(settings: Settings) -> Iterable[Any]:
 
 
 class RangeSeries:
-    """The range wing's series, labelled by job (`record.on.of(RangeSeries)`)."""
+    """The range wing's series, labelled by job (label `range_job`,
+    `record.on.of(RangeSeries)`)."""
 
     def __init__(self, make: Any) -> None:
-        self.range_rows = make.counter("range_rows_processed", "rows processed", ["job"])
-        self.range_batches = make.counter("range_batches", "batches committed", ["job"])
-        self.range_batch_seconds = make.histogram("range_batch_seconds", "batch times", ["job"])
-        self.range_batch_size = make.gauge("range_batch_size", "the last batch size", ["job"])
-        self.range_takeovers = make.counter("range_takeovers", "partitions taken over", ["job"])
+        by_job = ["range_job"]
+        self.range_rows = make.counter("range_rows_processed", "rows processed", by_job)
+        self.range_batches = make.counter("range_batches", "batches committed", by_job)
+        self.range_batch_seconds = make.histogram("range_batch_seconds", "batch times", by_job)
+        self.range_batch_size = make.gauge("range_batch_size", "the last batch size", by_job)
+        self.range_takeovers = make.counter("range_takeovers", "partitions taken over", by_job)
         self.range_fenced_out = make.counter("range_fenced_out_batches",
-                                             "batches rolled back: a newer holder", ["job"])
+                                             "batches rolled back: a newer holder", by_job)
         self.range_throttle_wait = make.counter("range_throttle_wait_seconds",
                                                 "time partitions waited for the throttle",
-                                                ["job"])
+                                                by_job)
 
     def zero(self, settings: Settings) -> None:
         """Every registered job's series, at 0."""

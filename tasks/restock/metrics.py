@@ -1,5 +1,5 @@
 """The restock wing's metric series (`RestockSeries`, served by `tasks.observe.metrics`) and its
-state for Prometheus, read at scrape time:
+state for Prometheus, read at scrape time by the leading beat (`tasks.observe.state`):
 per shard and queue the delay-queue length, the entries due, the unsynced redo log; per shard
 the term, whether it is in maintenance, and its dead letters."""
 

@@ -111,8 +111,6 @@ class PlatformTask(Task):  # type: ignore[misc]
             countdown = decide(policy, exc, request.retries) if policy is not None else None
             if countdown is None or _never_retried(exc):
                 raise
-            if record.on is not None:
-                record.on.task_retries.labels(self.name).inc()
             raise self.retry(exc=exc, countdown=self._deliverable(countdown)) from exc
         for hooks in _hooks:
             hooks.settle(self)  # raises JournalLost: the task fails, never SUCCESS

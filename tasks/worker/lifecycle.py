@@ -16,6 +16,11 @@ from typing import Any
 
 from celery.signals import (
     beat_init,
+    celeryd_after_setup,
+    task_failure,
+    task_postrun,
+    task_prerun,
+    task_retry,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -37,25 +42,70 @@ def _on_worker_shutting_down(**_: Any) -> None:
 
 
 # Metrics (METRICS_PORT): set up in the worker's main process before its pool forks, and in
-# beat; a pool process that exits is marked dead; the directory goes at shutdown.
+# beat (which alone serves the shared state, while it leads); a pool process that exits is
+# marked dead; the directory goes at shutdown. A port that cannot be bound ends the process
+# with one line: a worker without its metrics would be invisible to the alerts.
 @worker_init.connect
 def _metrics_for_worker(sender: Any = None, **_: Any) -> None:
-    _setup_metrics(sender, "worker")
+    if _setup_metrics(sender, "worker"):
+        consumed = sender.app.amqp.queues.consume_from
+        metrics.worker_serving(sender.hostname, sorted(consumed))
+
+
+@celeryd_after_setup.connect
+def _announce_metrics(**_: Any) -> None:
+    metrics.announce()  # worker_init runs before the worker's logging is set up
 
 
 @beat_init.connect
 def _metrics_for_beat(sender: Any = None, **_: Any) -> None:
-    _setup_metrics(sender, "beat")
+    if _setup_metrics(sender, "beat"):
+        metrics.announce()
 
 
-def _setup_metrics(sender: Any, role: str) -> None:
+def _setup_metrics(sender: Any, role: str) -> bool:
     app: Any = getattr(sender, "app", None)
     settings = getattr(app, "platform_settings", None)
-    if settings is not None:  # a PlatformCelery app (tasks.celery)
-        names = [name for name in app.tasks if not name.startswith("celery.")]
-        metrics.setup(settings, role, names, getattr(app, "platform_wings", ()))
-        if role == "beat":
-            tracing.setup(settings)
+    if settings is None:  # not a PlatformCelery app (tasks.celery)
+        return False
+    # beat runs no task: its task series would be zeros beside the workers'
+    names = [name for name in app.tasks if not name.startswith("celery.")] \
+        if role == "worker" else []
+    try:
+        port = metrics.setup(settings, role, names, getattr(app, "platform_wings", ()),
+                             app=app if role == "beat" else None)
+    except metrics.MetricsUnavailable as exc:
+        raise SystemExit(f"{role}: {exc}") from exc
+    if role == "beat":
+        tracing.setup(settings)
+    return port is not None
+
+
+# Task metrics, in the process that runs the task (a pool process, or the main process for
+# the control plane's tasks). A hard time limit kills the pool process: no postrun, no
+# failure signal (the redelivery cap and the partitions' state still count it).
+@task_prerun.connect
+def _task_started(task_id: str | None = None, **_: Any) -> None:
+    if metrics.record.on is not None and task_id:
+        metrics.record.on.task_started(task_id)
+
+
+@task_postrun.connect
+def _task_finished(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    if metrics.record.on is not None and task_id and task is not None:
+        metrics.record.on.task_finished(task_id, task.name)
+
+
+@task_failure.connect
+def _task_failed(sender: Any = None, **_: Any) -> None:
+    if metrics.record.on is not None and sender is not None:
+        metrics.record.on.task_failed(sender.name)
+
+
+@task_retry.connect
+def _task_retried(sender: Any = None, **_: Any) -> None:
+    if metrics.record.on is not None and sender is not None:
+        metrics.record.on.task_retried(sender.name)
 
 
 # The objects a pool process starts with (modules, the app, its tasks: most of what it will
