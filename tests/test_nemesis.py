@@ -115,8 +115,10 @@ def test_a_fixed_seed_nemesis_run_passes_with_every_count_clean() -> None:
          str(DURATION), "--quiet-timeout", str(QUIET), "--db", DATABASES["postgresql"],
          "--redis-port", str(free_port()), "--proxy-port", str(free_port())],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    result = json.loads(run.stdout.strip().splitlines()[-1])
     report = run.stdout[-6000:]
+    last = (run.stdout.strip().splitlines() or [""])[-1]
+    assert last.startswith("{"), f"rc {run.returncode}\n{report}\n{run.stderr[-4000:]}"
+    result = json.loads(last)
     assert result["seed"] == SEED and result["duration_s"] == DURATION
     assert result["faults"] == describe(schedule(SEED, DURATION, 2.0)), report
     assert set(result["faults"]) == set(KINDS), report
