@@ -101,11 +101,11 @@ def test_a_sigkilled_pool_process_s_partition_is_taken_over_well_within_the_ttl(
     # LEASE_TTL 30: the lease lapsing could not explain a takeover within 10 s.
     cluster = platform(LEASE_TTL="30", CM_DATA_PARTITION_SIZE="10000",
                        CM_DATA_BATCH_SIZE="100", CM_DATA_BATCH_DELAY="0.2")
+    # Held before any worker runs it: 100 batches of 100 rows cannot end before the kill lands.
+    cluster.start_held(100)
     worker = cluster.worker("a")
     cluster.worker("b")
     cluster.beat()
-    cluster.start_job()
-    cluster.throttle(100)  # held: 100 batches of 100 rows cannot end before the kill lands
     before = wait_until(cluster.running_with_progress, 60, "a partition in progress")
     pid = _pid_of(before.owner)
     assert pid != worker.pid  # a pool process, not a worker's main process

@@ -29,7 +29,10 @@ def _mounts_script(writable: Iterable[str]) -> str:
     """Shell commands that make / read-only and mount a tmpfs at every path of `writable`. A
     path whose directory does not exist gets it on a tmpfs over its parent (remounted read-only
     once the directory is made), as the kubelet makes a mount point."""
-    lines = ["set -e", "mount -o remount,bind,ro /"]
+    checkout = shlex.quote(str(ROOT))
+    # A checkout inside an emptyDir's path (a clone under /tmp) would vanish under its tmpfs:
+    # a descriptor opened first keeps it, and it is bound back read-only at its place.
+    lines = ["set -e", f"exec 9< {checkout}", "mount -o remount,bind,ro /"]
     for path in sorted(writable, key=lambda p: len(Path(p).parts)):
         target = shlex.quote(path)
         if not Path(path).is_dir():
@@ -39,7 +42,13 @@ def _mounts_script(writable: Iterable[str]) -> str:
                       f"mount -o remount,ro {parent}"]
         else:
             lines.append(f"mount -t tmpfs -o size=64m tmpfs {target}")
-    return "; ".join(lines) + '; exec "$@"'
+        if ROOT.is_relative_to(Path(path)):
+            # --no-canonicalize: mount would resolve the descriptor's link to the path the
+            # tmpfs now covers, and bind the empty directory onto itself.
+            lines += [f"mkdir -p {checkout}",
+                      f"mount --no-canonicalize --bind /proc/self/fd/9 {checkout}",
+                      f"mount -o remount,bind,ro {checkout}"]
+    return "; ".join(lines) + '; exec 9<&-; exec "$@"'
 
 
 def start(argv: list[str], env: Mapping[str, str], writable: Iterable[str], name: str) -> Proc:
