@@ -19,7 +19,7 @@ lint: $(STAMP)
 
 # The suite mostly waits on lease TTLs, so it runs side by side: each xdist worker has its own
 # Redis databases and database schemas (tests/__init__.py). PYTEST_WORKERS=0 runs it serially.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 6
 
 test: lint
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=40 $(PYTEST_ARGS)
