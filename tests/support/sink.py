@@ -48,12 +48,7 @@ def sink() -> Iterator[Sink]:
         def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
             length = int(self.headers.get("Content-Length") or 0)
             body: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
-            reply = json.dumps({"accepted": found.offer(list(body["keys"]))}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
+            _reply(self, {"accepted": found.offer(list(body["keys"]))})
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass
@@ -61,6 +56,16 @@ def sink() -> Iterator[Sink]:
     with _serving(Handler) as url:
         found.url = f"{url}/offer"
         yield found
+
+
+def _reply(handler: BaseHTTPRequestHandler, payload: dict[str, Any]) -> None:
+    """Answer `payload` as JSON, 200."""
+    reply = json.dumps(payload).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(reply)))
+    handler.end_headers()
+    handler.wfile.write(reply)
 
 
 @contextmanager
@@ -72,13 +77,8 @@ def fake_api(count: int) -> Iterator[str]:
             query = parse_qs(urlparse(self.path).query)
             after, size = int(query["after"][0]), int(query["size"][0])
             ids = list(range(after + 1, min(after + size, count) + 1))
-            reply = json.dumps({"items": [{"id": i, "name": f"item-{i}"} for i in ids],
-                                "next": ids[-1] if ids and ids[-1] < count else None}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
+            _reply(self, {"items": [{"id": i, "name": f"item-{i}"} for i in ids],
+                          "next": ids[-1] if ids and ids[-1] < count else None})
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass
