@@ -36,7 +36,8 @@
     const m = data.matching;
     const matching = document.getElementById("matching");
     matching.dataset.count = m.count;
-    matching.textContent = `${m.count.toLocaleString("en")} letters match` +
+    matching.textContent = `${m.count.toLocaleString("en")} ${m.count === 1
+      ? "letter matches" : "letters match"}` +
       (m.count > data.letters.length ? ` (the newest ${data.letters.length} shown)` : "");
     fill(document.querySelector("#letters tbody"), data.letters.length
       ? data.letters.map(letterRow)

@@ -9,6 +9,7 @@
   const job = form.dataset.job;
   const maxBytes = Number(form.dataset.maxBytes);
   markNav("/jobs");
+  document.getElementById("updated").textContent = window.rk.utcNow();
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
