@@ -208,6 +208,12 @@ def test_escape_like_escapes_wildcards_and_its_escape() -> None:
         LetterFilter(None, "x" * 201)
 
 
+def test_a_search_too_long_is_refused(operator: Browserless) -> None:
+    for path in ("/api/deadletters/search?", "/api/deadletters/bulk?"):
+        answer = operator.request(path + _query(search="x" * 201))
+        assert answer.status == 409 and "at most 200" in answer.json()["error"], path
+
+
 def test_bulk_purge_takes_what_was_confirmed_and_nothing_else(
         console: Console, operator: Browserless) -> None:
     tag = uuid.uuid4().hex[:8]
