@@ -19,6 +19,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.deadletters.bulk import (
+    BadFilter,
     FilterChanged,
     LetterFilter,
     escape_like,
@@ -122,7 +123,8 @@ def test_the_run_page_shows_who_did_what_and_a_failed_partitions_traceback(
     assert page.status == 200 and "run.js" in page.body and 'data-run="1"' in page.body
     runs = _data(operator.request("/api/jobs/cm_data/runs"))
     assert [r["run"] for r in runs["runs"]] == [number] and runs["csv"] is False
-    assert operator.request("/jobs/cm_data/runs").status == 200
+    listed = operator.request("/jobs/cm_data/runs")
+    assert listed.status == 200 and "upload-link" not in listed.body
 
 
 @pytest.mark.parametrize("path", ["/jobs/cm_data/runs/99", "/jobs/no_such_job/runs/1",
@@ -204,7 +206,7 @@ def _query(**fields: str) -> str:
 def test_escape_like_escapes_wildcards_and_its_escape() -> None:
     assert escape_like("50%_off!") == "50!%!_off!!"
     assert escape_like("plain") == "plain"
-    with pytest.raises(ValueError, match="at most 200"):
+    with pytest.raises(BadFilter, match="at most 200"):
         LetterFilter(None, "x" * 201)
 
 
@@ -271,6 +273,29 @@ def test_bulk_replay_replays_each_letter_once_and_says_what_it_skipped(
     assert (again["done"], again["already_replayed"], again["not_replayable"]) == (0, 3, 1)
     page = operator.request("/deadletters?kind=task&search=x")
     assert page.status == 200 and "letters.js" in page.body and 'value="x"' in page.body
+
+
+def test_a_bulk_replay_whose_send_fails_stops_there_and_says_so(console: Console) -> None:
+    tag = uuid.uuid4().hex[:8]
+    store = DeadLetters(console.sessions)
+    for n in range(3):
+        store.add("task", f"{tag}-{n}", "cap", {"task": "devtools.samples.nap", "args": [0.01],
+                                                "kwargs": {}})
+    found = LetterFilter("task", tag)
+    shown = preview(console.sessions, found)
+    sent: list[str] = []
+
+    def send(name: str, args: list[Any], kwargs: dict[str, Any], task_id: str) -> None:
+        if len(sent) == 1:
+            raise ConnectionError("broker away (redis://:hunter2@h:6379/0)")
+        sent.append(task_id)
+
+    report = replay_matching(console.sessions, found, shown.upto, 3, send)
+    second = shown.upto - 1
+    assert (report.done, report.stopped) == (
+        1, f"letter {second}: ConnectionError: broker away (redis://:***@h:6379/0)")
+    replayed = {s.ref: s.replay_task_id for s in store.recent(3)}
+    assert replayed == {f"{tag}-0": sent[0], f"{tag}-1": None, f"{tag}-2": None}
 
 
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb"])
@@ -349,6 +374,7 @@ def test_a_csv_upload_starts_a_run_with_its_input_and_a_bad_one_writes_nothing(
     assert _csv_state(console.engine) == (0, 0)
     page = operator.request("/jobs/csv_copy/upload")
     assert page.status == 200 and 'id="upload-form"' in page.body
+    assert 'href="/jobs/csv_copy/upload"' in operator.request("/jobs/csv_copy/runs").body
 
     good = b"id,name\n" + b"".join(b"%d,name-%d\n" % (i, i) for i in range(1, 1201))
     started = _data(_upload(operator, "csv_copy", good, token))

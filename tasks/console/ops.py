@@ -47,7 +47,7 @@ def _guarded(call: Callable[[], Any]) -> Any:
     from sqlalchemy.exc import OperationalError
 
     import tasks.celery  # noqa: F401  (the app registers every wing's dead-letter kinds)
-    from tasks.deadletters.bulk import FilterChanged
+    from tasks.deadletters.bulk import BadFilter, FilterChanged
     from tasks.deadletters.store import DeadLetterError
     from tasks.ranges.jobs import UnknownJob
     from tasks.store.validate import InvalidArguments
@@ -56,7 +56,7 @@ def _guarded(call: Callable[[], Any]) -> Any:
         return call()
     except UnknownJob as exc:
         raise NotFound(str(exc)) from None
-    except (InvalidArguments, DeadLetterError, FilterChanged, ValueError) as exc:
+    except (InvalidArguments, DeadLetterError, FilterChanged, BadFilter) as exc:
         raise Refused(str(exc)) from None
     except (RedisError, OperationalError, BrokerError, OSError) as exc:
         reason = redact(" ".join(str(exc).split()))[:300]
@@ -140,15 +140,13 @@ def _progress(run: Any) -> dict[str, Any] | None:
 
 def _skipped_rows(run: Any) -> list[dict[str, Any]]:
     """The rows `run` quarantined and nobody retried yet: letter, row id, reason."""
-    from sqlalchemy import select
-
-    from tasks.deadletters.tables import DEAD_LETTERS
+    from tasks.deadletters.bulk import reasons_of
     from tasks.ranges.retries import skipped_of
 
-    with _res().sessions() as session:
+    sessions = _res().sessions
+    with sessions() as session:
         rows = skipped_of(session, run.job, run.id)[:SKIPPED_SHOWN]
-        reasons = dict(session.execute(select(DEAD_LETTERS.c.id, DEAD_LETTERS.c.reason).where(
-            DEAD_LETTERS.c.id.in_([r.letter for r in rows]))).all()) if rows else {}
+    reasons = reasons_of(sessions, [r.letter for r in rows])
     return [{"letter": r.letter, "row_id": r.row_id, "reason": reasons.get(r.letter)}
             for r in rows]
 

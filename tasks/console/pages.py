@@ -72,7 +72,8 @@ class RunsPage(Page):
         ops.known_job(args[0])
 
     def page(self, *args: str) -> tuple[str, dict[str, Any]]:
-        return "runs.html", {"page": "runs", "job": args[0]}
+        return "runs.html", {"page": "runs", "job": args[0],
+                             "csv": ops.known_job(args[0])["csv"]}
 
 
 class UploadPage(Page):

@@ -37,8 +37,8 @@ from tasks.deadletters.store import (
 from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.store.db import affected
 
-__all__ = ["LetterFilter", "Preview", "BulkReport", "FilterChanged", "BULK_BATCH",
-           "MAX_SEARCH", "escape_like", "preview", "matching", "replay_matching",
+__all__ = ["LetterFilter", "Preview", "BulkReport", "FilterChanged", "BadFilter", "BULK_BATCH",
+           "MAX_SEARCH", "escape_like", "preview", "matching", "reasons_of", "replay_matching",
            "purge_matching"]
 
 BULK_BATCH = 100  # letters read (and replayed or deleted) per transaction of a bulk action
@@ -48,6 +48,10 @@ _ESCAPE = "!"  # LIKE's escape character: not a backslash, which MySQL's literal
 
 class FilterChanged(Exception):
     """The letters a bulk action would touch are not the ones its operator confirmed."""
+
+
+class BadFilter(ValueError):
+    """A filter that cannot be asked (a search text too long)."""
 
 
 def escape_like(text: str) -> str:
@@ -64,7 +68,7 @@ class LetterFilter:
 
     def __post_init__(self) -> None:
         if len(self.search) > MAX_SEARCH:
-            raise ValueError(f"a search text is at most {MAX_SEARCH} characters")
+            raise BadFilter(f"a search text is at most {MAX_SEARCH} characters")
 
     def where(self) -> ColumnElement[bool]:
         d = DEAD_LETTERS.c
@@ -139,6 +143,16 @@ def matching(sessions: sessionmaker[Session], found: LetterFilter,
         rows = session.execute(query).all()
     return [Summary(r.id, r.kind, r.ref, r.reason, r.created_at, r.replayed_at,
                     r.replay_task_id) for r in rows]
+
+
+def reasons_of(sessions: sessionmaker[Session], ids: list[int]) -> dict[int, str]:
+    """The reason of each letter of `ids` that exists, by id (one query)."""
+    if not ids:
+        return {}
+    d = DEAD_LETTERS.c
+    with sessions() as session:
+        return {int(i): str(r) for i, r in session.execute(
+            select(d.id, d.reason).where(d.id.in_(ids))).all()}
 
 
 def _confirmed(sessions: sessionmaker[Session], found: LetterFilter, upto: int,
