@@ -118,6 +118,12 @@ def _search(driver: Any, text: str) -> None:
     _css(driver, "#btn-search").click()
 
 
+def _click(driver: Any, button: str) -> None:
+    """Clear the flash (so the next answer is this click's), then click."""
+    driver.execute_script("document.getElementById('flash').textContent = ''")
+    _css(driver, button).click()
+
+
 def _alert(driver: Any) -> Any:
     from selenium.webdriver.support import expected_conditions as ec
 
@@ -168,14 +174,14 @@ def test_bulk_replay_and_purge_ask_for_the_count_then_do_exactly_that(
     _wait(driver, lambda d: len(_rows(d)) == 4, "the four matching letters")
     _shot(driver, stack, "letters-bulk-before.png")
 
-    _css(driver, "#btn-bulk-replay").click()
+    _click(driver, "#btn-bulk-replay")
     asked = _alert(driver)
     assert asked.text == f"Replay 4 letters of kind task matching '{tag}'?"
     asked.dismiss()  # cancelled: nothing is sent
     _wait(driver, lambda d: "nothing was replayed" in _flash(d), "the cancellation")
     assert all(r.replayed_at is None for r in _letters(stack.engine, tag).values())
 
-    _css(driver, "#btn-bulk-replay").click()
+    _click(driver, "#btn-bulk-replay")
     _alert(driver).accept()
     _wait(driver, lambda d: _flash(d).startswith("done:"), "the replay's report")
     assert _flash(driver) == (f"done: replayed 3 of 4 letters of kind task matching "
@@ -187,7 +193,7 @@ def test_bulk_replay_and_purge_ask_for_the_count_then_do_exactly_that(
         "css selector", "#letters tbody td:nth-child(5)")][1:], "the replays' task ids shown")
     _shot(driver, stack, "letters-bulk-replayed.png")
 
-    _css(driver, "#btn-bulk-purge").click()
+    _click(driver, "#btn-bulk-purge")
     asked = _alert(driver)
     assert asked.text == f"Purge (delete for good) 4 letters of kind task matching '{tag}'?"
     asked.accept()
