@@ -16,6 +16,7 @@ from tasks.console import actions
 from tasks.console.auth import Credentials, cookie_secret, credentials_from
 from tasks.console.handlers import ROUTES
 from tasks.console.logins import LoginLimiter
+from tasks.console.pages import ROUTES as PAGE_ROUTES  # first: its /deadletters is served
 from tasks.console.sessions import Sessions
 
 __all__ = ["make_app", "serve", "HERE"]
@@ -31,7 +32,7 @@ def make_app(credentials: Credentials, secret: str, client: Any,
     limits on the Redis `client`; cookies and client addresses as `settings` say
     (CONSOLE_SECURE_COOKIES, CONSOLE_TRUSTED_PROXIES)."""
     return Application(
-        ROUTES,  # type: ignore[arg-type]
+        [*PAGE_ROUTES, *ROUTES],  # type: ignore[arg-type]
         template_path=str(HERE / "templates"),
         static_path=str(HERE / "static"),
         cookie_secret=secret,
