@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from devtools.embedded import free_port
 from examples.seed import seed_cm_data
 from tasks.observe.metrics import metrics_dir_root
 from tasks.ranges.tables import WORK
@@ -29,6 +28,7 @@ from tasks.restock.routing import Router
 from tests.ranges.cluster import Platform
 from tests.support.brokers import platform_client
 from tests.support.db import DATABASES, fresh_database
+from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     CELERY,

@@ -19,10 +19,10 @@ from bench.nemesis.check import Findings, check_rows, check_stock
 from bench.nemesis.faults import KINDS, WARMUP_S, describe, is_leader, schedule
 from bench.nemesis.job import ddl
 from bench.nemesis.ledger import judge, valid_ledgers
-from devtools.embedded import free_port
 from tasks.restock.keys import stock_key
 from tasks.restock.tables import ORDER_ITEMS, PAYMENTS, SKUS
 from tests.support.db import DATABASES
+from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, platform_env
 

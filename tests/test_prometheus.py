@@ -27,13 +27,13 @@ import yaml
 from sqlalchemy import select, update
 from sqlalchemy.orm import sessionmaker
 
-from devtools.embedded import free_port
 from examples.seed import seed_cm_data
 from examples.tables import CM_DATA
 from tasks.deadletters.store import DeadLetters
 from tasks.ranges.tables import WORK
 from tests.support.control_jobs import BOOM
 from tests.support.db import fresh_database
+from tests.support.ports import free_port
 from tests.support.workers import CELERY, ROOT, Proc, start_worker, wait_until
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"

@@ -14,13 +14,13 @@ import pytest
 import redis
 from celery import Celery
 
-from devtools.embedded import free_port
 from examples.seed import seed_cm_data
 from tasks.ranges import keeper
 from tasks.ranges.keeper import RUN_PARTITION, failed, held_tokens
 from tasks.ranges.keys import range_runners_key
 from tasks.ranges.runners import RunnerSlots, new_token
 from tests.ranges.cluster import Platform
+from tests.support.ports import free_port
 from tests.support.workers import start_worker, wait_until
 
 LONG, ALIVE = 600.0, 4.5

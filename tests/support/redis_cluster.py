@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import random
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,23 +17,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from devtools.embedded import redis_binary
+from tests.support.ports import cluster_port
 from tests.support.redis_server import RedisServer
 
 __all__ = ["Cluster", "redis_cluster", "cluster_port"]
-
-
-def cluster_port() -> int:
-    """A free loopback port whose cluster bus port (+10000) is free too and below 65536."""
-    for _ in range(200):
-        port = random.randint(20000, 45000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
 
 
 class Cluster:

@@ -19,7 +19,8 @@ from pathlib import Path
 import redis
 from redis.sentinel import Sentinel
 
-from devtools.embedded import free_port, redis_binary
+from devtools.embedded import redis_binary
+from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 
 __all__ = ["SentinelGroup", "sentinel_group", "MASTER_NAME"]

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 
 import redis
 
-from devtools.embedded import free_port, redis_binary
+from devtools.embedded import redis_binary
+from tests.support.ports import free_port
 
 
 class RedisServer:
