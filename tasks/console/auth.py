@@ -254,6 +254,12 @@ class ConsoleHandler(Door):
                                 f"which changes nothing: this needs the {self.role_to_change} "
                                 "role")
 
+    def get_template_namespace(self) -> dict[str, Any]:
+        """What base.html needs on every page behind the login (who, the role, how, the CSRF
+        token), so a page rendered by any handler has them; `render`'s own values win."""
+        return {**super().get_template_namespace(), "user": self.current_user,
+                "role": self.role, "how": self.method, "csrf": self.csrf_token}
+
     @property
     def csrf_token(self) -> str:
         return str(self._session["csrf"]) if self._session else ""

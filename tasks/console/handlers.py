@@ -125,9 +125,7 @@ class PageHandler(ConsoleHandler):
 
     def get(self, *args: str) -> None:
         template, context = self.page(*args)
-        self.render(template, user=self.current_user, role=self.role, how=self.method,
-                    csrf=self.csrf_token, flower=actions.flower_link(), refresh_ms=REFRESH_MS,
-                    **context)
+        self.render(template, flower=actions.flower_link(), refresh_ms=REFRESH_MS, **context)
 
     def page(self, *args: str) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError
