@@ -226,9 +226,9 @@ def test_each_state_shows_only_its_controls_and_a_viewer_sees_none(
     _shot(operator, stack, "operator-never-started.png")
 
     _press(operator, "#btn-start")
+    _controls_become(operator, {"pause", "cancel", "throttle"}, "running")
     # Held at 40 rows/s (about 50 s for the job) until the states below have been seen.
     _throttle(operator, "40")
-    _controls_become(operator, {"pause", "cancel", "throttle"}, "running")
     _wait(operator, _present('#partitions tr[data-state="running"]'), "a running partition")
     _shot(operator, stack, "operator-running.png")
 
