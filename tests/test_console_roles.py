@@ -262,6 +262,9 @@ def test_sso_from_the_trusted_proxy_logs_in_with_the_mapped_role(console: Consol
     assert 'data-role="operator"' in page.body and "alice · " in page.body
     assert "via proxy" in page.body
     token = _token(alice, as_alice)
+    # The login form sends a proxy user on to the page asked for.
+    login = alice.request("/login?next=/restock", headers=as_alice)
+    assert login.status == 302 and login.headers["Location"] == "/restock"
     # CSRF still applies to a proxy user.
     assert _post(alice, "/api/jobs/cm_data/throttle", as_alice, {"rows_per_s": "9"}
                  ).status == 403
@@ -286,6 +289,7 @@ def test_the_proxy_headers_from_any_other_address_are_ignored(console: Console) 
     page = spoofer.request("/jobs/cm_data", headers=as_alice)
     assert page.status == 302 and page.headers["Location"].startswith("/login")
     assert spoofer.request("/api/jobs", headers=as_alice).status == 401
+    assert spoofer.request("/login?next=/restock", headers=as_alice).status == 200
     assert _post(spoofer, "/api/jobs/cm_data/pause", {**as_alice, "X-CSRF-Token": "x"}
                  ).status == 401
     # A session opened through the proxy is nothing without it: a copy of its cookie sent

@@ -23,7 +23,7 @@ from tasks.console.auth import SESSION_COOKIE, SESSION_HOURS, ConsoleHandler, Do
 from tasks.console.logins import FAILURE_DELAY, Attempt, LoginLimiter
 from tasks.console.roles import VIEWER, allowed
 from tasks.console.sessions import Sessions
-from tasks.console.sso import PASSWORD
+from tasks.console.sso import PASSWORD, USER_HEADER, ProxySso
 from tasks.console.times import zoned
 
 __all__ = ["ROUTES", "REFRESH_MS"]
@@ -37,6 +37,12 @@ class LoginHandler(Door):
     Retry-After, its password never compared."""
 
     def get(self) -> None:
+        sso: ProxySso = self.settings["sso"]
+        if sso.enabled and self.from_proxy() and self.request.headers.get(USER_HEADER, ""):
+            # The trusted proxy names a user: the page asked for signs them in (a logout's
+            # redirect lands here while the proxy still vouches for them).
+            self.redirect(_local(self.get_argument("next", "/jobs")))
+            return
         self._form("", 200)
 
     async def post(self) -> None:
