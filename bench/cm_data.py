@@ -21,9 +21,10 @@ variable):
 
 The effect is one UPDATE per batch. When the runner says the batch's rows are every row of
 their id range still to do (`ctx.span`: SQLite, where the batch holds the write lock from its
-read, and no quarantined row in the range), the UPDATE goes by that id range, `id BETWEEN first
-AND last AND status = 0`, which touches exactly the rows read; otherwise by the list of ids
-(`ctx.in_batch`: one array parameter on PostgreSQL), IDS_CHUNK ids a statement
+read, and PostgreSQL, where it reads and writes in one snapshot; no quarantined row in the
+range), the UPDATE goes by that id range, `id BETWEEN first AND last AND status = 0`, which
+touches exactly the rows read; otherwise (MariaDB) by the list of ids (`ctx.in_batch`),
+IDS_CHUNK ids a statement
 (docs/decisions.md, "Adaptive batches, skips and the driver baseline").
 """
 

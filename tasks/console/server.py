@@ -17,6 +17,7 @@ from tasks.console.accounts import Accounts, accounts_from, proxy_sso_from
 from tasks.console.auth import NotFound, cookie_secret
 from tasks.console.handlers import ROUTES
 from tasks.console.logins import LoginLimiter
+from tasks.console.pages import ROUTES as PAGE_ROUTES  # first: its /deadletters is served
 from tasks.console.sessions import Sessions
 
 __all__ = ["make_app", "serve", "HERE"]
@@ -33,7 +34,7 @@ def make_app(accounts: Accounts, secret: str, client: Any,
     `settings` say (CONSOLE_SECURE_COOKIES, CONSOLE_TRUSTED_PROXIES, CONSOLE_SSO...); any
     other path 404 (`NotFound`)."""
     return Application(
-        ROUTES,  # type: ignore[arg-type]
+        [*PAGE_ROUTES, *ROUTES],  # type: ignore[arg-type]
         default_handler_class=NotFound,
         template_path=str(HERE / "templates"),
         static_path=str(HERE / "static"),

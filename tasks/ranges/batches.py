@@ -4,7 +4,9 @@ Each batch is one transaction: read the rows, guard the work row by the holder's
 the checkpoint), run the job's process function. The guard UPDATE is the first write of the
 transaction, so on PostgreSQL and MariaDB it also row-locks the work row: a claim by a newer
 holder waits for an in-flight batch to commit, then reads its checkpoint. On SQLite the
-transaction begins IMMEDIATE (it will write).
+transaction begins IMMEDIATE (it will write); on PostgreSQL it is REPEATABLE READ, so its
+writes see the snapshot its read saw and a row committed in between is not touched (what makes
+`Context.span` exact there: `snapshot_options`).
 
 The keyset pass walks `id >= next_id` and ends at its first empty read or at a read shorter
 than it asked for: that read saw every matching row up to `hi`, and the partition is marked
@@ -48,9 +50,29 @@ from tasks.ranges.skips import Skips, quarantined_ids
 from tasks.ranges.workrow import WorkRow
 from tasks.store.db import WRITE_INTENT
 
-__all__ = ["Batches", "Cursor", "CHECK_CHUNK"]
+__all__ = ["Batches", "Cursor", "CHECK_CHUNK", "snapshot_options", "exact_span"]
 
 CHECK_CHUNK = 5000  # ids per statement of the filter-contract check (under every bind limit)
+
+# A batch's transaction on PostgreSQL: one snapshot for its reads and its writes.
+_SNAPSHOT = {**WRITE_INTENT, "isolation_level": "REPEATABLE READ"}
+
+
+def snapshot_options(dialect: str) -> dict[str, Any]:
+    """The execution options of a batch's transaction. SQLite: the write lock from the read on
+    (nothing commits in between). PostgreSQL: REPEATABLE READ, whose UPDATE finds only rows of
+    the transaction's snapshot (taken by the read), so a row another transaction commits into
+    the batch's id range meanwhile is left for the closing round, and a read row changed
+    meanwhile fails the batch with a serialization error (retried like any transient error).
+    MariaDB's UPDATE reads the newest rows at any level: there the transaction is as before."""
+    return _SNAPSHOT if dialect == "postgresql" else WRITE_INTENT
+
+
+def exact_span(conn: Connection) -> bool:
+    """Whether an UPDATE by a batch's id range touches exactly the rows its read returned."""
+    if conn.dialect.name == "sqlite":
+        return True
+    return conn.get_execution_options().get("isolation_level") == "REPEATABLE READ"
 
 
 @dataclass
@@ -141,7 +163,8 @@ class Batches:
         self._pending_skips = frozenset()
         at: At = (self.cursor.next_id, self.cursor.key)
         with self.row.sessions.begin() as session:
-            conn = session.connection(execution_options=WRITE_INTENT)
+            conn = session.connection(
+                execution_options=snapshot_options(session.get_bind().dialect.name))
             rows = self._fetch(conn, at[0], fetch, **self._after_key(at))
             if not rows:  # nothing matches from the cursor to `hi`
                 return self.row.finish(conn, fence, self.partition.hi + 1)
@@ -211,8 +234,9 @@ class Batches:
         """Run the job on `rows` (its skip policy too) and check its filter contract; return
         how many rows were processed. The work row's `rows_done` already counts every row."""
         id_column = self.job.id_column
-        # The write lock is held from the read on (SQLite); an id span needs integer ids.
-        exact = conn.dialect.name == "sqlite" and not self.job.keyed
+        # One snapshot (PostgreSQL) or the write lock (SQLite) from the read on; an id span
+        # needs integer ids.
+        exact = exact_span(conn) and not self.job.keyed
 
         def run(chunk: Sequence[Row[Any]]) -> None:
             span = None

@@ -51,8 +51,8 @@ from tasks.ranges.workrow import WorkRow
 from tasks.store.db import WRITE_INTENT
 from tasks.store.validate import InvalidArguments
 
-__all__ = ["CsvRow", "BadInput", "csv_job", "collection_job", "read_csv", "store_input",
-           "PageBatches", "MAX_LINES", "COLLECTION_PARTITION"]
+__all__ = ["CsvRow", "BadInput", "csv_job", "collection_job", "read_csv", "parse_csv",
+           "store_input", "PageBatches", "MAX_LINES", "COLLECTION_PARTITION"]
 
 MAX_LINES = 5_000_000  # records of one CSV (they are held in memory while the start checks them)
 INSERT_CHUNK = 1000  # records per INSERT of a run's input
@@ -110,16 +110,22 @@ def read_csv(path: str, max_lines: int = MAX_LINES) -> list[str]:
             data = handle.read()
     except OSError as exc:
         raise BadInput(f"--csv {path}: cannot read it ({exc.strerror or exc})") from None
+    return parse_csv(data, path, max_lines)
+
+
+def parse_csv(data: bytes, name: str, max_lines: int = MAX_LINES) -> list[str]:
+    """The records of CSV text `data` (a file's bytes, or an upload's: `name` says which in
+    the messages) as `read_csv` returns them, with its checks."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
-        raise BadInput(f"{path}: line {line}: not UTF-8 text") from None
+        raise BadInput(f"{name}: line {line}: not UTF-8 text") from None
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
-        return _records(path, reader, max_lines)
+        return _records(name, reader, max_lines)
     except csv.Error as exc:
-        raise BadInput(f"{path}: line {reader.line_num}: {exc}") from None
+        raise BadInput(f"{name}: line {reader.line_num}: {exc}") from None
 
 
 def _records(path: str, reader: Any, max_lines: int) -> list[str]:

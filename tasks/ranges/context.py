@@ -32,11 +32,12 @@ class Context:
     parameter on PostgreSQL).
 
     `span` is `(first id, last id)` of the rows when they are *every* row of that id range that
-    matches the job's filter, and nothing can add one before the batch commits (SQLite: the
-    batch holds the write lock from its read on); a job may then write by the id range
+    matches the job's filter, and a write by that range cannot touch another (SQLite: the
+    batch holds the write lock from its read on; PostgreSQL: the batch reads and writes in one
+    REPEATABLE READ snapshot); a job may then write by the id range
     (`id BETWEEN first AND last AND <filter>`) instead of by the list of ids. None otherwise
-    (a skipped row lies in the range, another database where a row can commit in between, or
-    a keyed job, whose rows have no id range).
+    (a skipped row lies in the range, MariaDB, whose UPDATE reads rows committed after the
+    batch's read, or a keyed job, whose rows have no id range).
 
     `params` is the run's parameters, an instance of the job's `params` dataclass (None if the
     job declares none).

@@ -218,3 +218,41 @@ def test_cm_data_writes_a_batch_by_ids_in_chunks(
     plan(sessions, redis_client, job)
     assert runner(job, 0, sessions, leases).run() == Outcome.DONE
     assert counts(engine) == {1: 50}
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql", "mariadb"])
+def test_a_span_write_touches_only_the_rows_its_read_returned(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
+) -> None:
+    """A row another transaction commits into a batch's id range between its read and its
+    write (an id taken early) is not written by the batch's UPDATE by range: on PostgreSQL the
+    batch reads and writes in one snapshot (REPEATABLE READ), so `ctx.span` is given and
+    exact; on MariaDB, where an UPDATE reads the newest rows, no span is given and the batch
+    writes by ids. Either way every row the batch wrote is one it read, and the late row is
+    the closing round's, processed once."""
+    seed_cm_data(engine, 10)
+    seed_cm_data(engine, 9, start_id=12)  # 11 is missing: its id was taken, not committed
+    seen: list[int] = []
+    spans: list[tuple[int, int] | None] = []
+
+    def late_insert(rows: Sequence[Row[Any]], ctx: Context) -> None:
+        if not seen:
+            add_row(engine, 11)  # commits on its own connection, inside the batch's range
+        seen.extend(int(r.id) for r in rows)
+        spans.append(ctx.span)
+        mark_processed(rows, ctx)
+
+    job = small(process=late_insert, batch_size=100)
+    plan(sessions, redis_client, job)
+    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert spans == ([(1, 20)] if engine.dialect.name == "postgresql" else [None])
+    with engine.connect() as conn:
+        written = {r.id for r in conn.execute(select(CM_DATA.c.id).where(CM_DATA.c.status == 1))}
+    assert 11 not in seen and written == set(seen)
+    found = round_now(sessions, redis_client, job, settle=0)
+    assert (found.late, found.reopened) == (1, 1)
+    assert runner(job, 0, sessions, leases).run() == Outcome.DONE
+    assert counts(engine) == {1: 20}
+    with engine.connect() as conn:
+        assert conn.execute(select(CM_DATA.c.processed_count).where(CM_DATA.c.id == 11)) \
+            .scalar_one() == 1

@@ -131,7 +131,7 @@ def test_flushall_mid_run_still_finishes_exactly_once(
     cluster.beat()
     wait_until(cluster.running_with_progress, 120, "a partition in progress")
     redis.Redis.from_url(cluster.redis_server.url).flushall()  # leases, fences, queued messages
-    cluster.throttle(0)
+    cluster.throttle(0, ended_ok=True)
     cluster.wait_finished(timeout=150)
     cluster.assert_exactly_once(20_000)
 
