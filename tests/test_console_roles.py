@@ -200,25 +200,36 @@ def _post(client: Browserless, path: str, headers: dict[str, str],
 
 
 def test_a_viewer_reads_everything_and_changes_nothing(console: Console) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    from tasks.deadletters.store import DeadLetters
+
     viewer = _logged_in(console.base, VIEWER_USER, VIEWER_PASSWORD)
     page = viewer.request("/jobs/cm_data")
     assert page.status == 200 and 'data-role="viewer"' in page.body
     assert f"{VIEWER_USER} · " in page.body and ">viewer</span>" in page.body
     for path in ("/api/jobs", "/api/jobs/cm_data", "/api/restock", "/api/deadletters",
-                 "/jobs", "/restock", "/deadletters"):
+                 "/api/queues", "/jobs", "/restock", "/deadletters", "/queues"):
         assert viewer.request(path).status == 200, path
     assert _detail(viewer)["allowed"] == []
     token = _token(viewer)
-    before = _runs(console.engine)
+    letters = DeadLetters(sessionmaker(console.engine))
+    letters.add("task", "t-viewer", "boom", {"task": "devtools.samples.nap", "args": [0.1],
+                                              "kwargs": {}})
+    before = _runs(console.engine), letters.counts()
+    # The console's own controls and the pages' (tasks/console/pages.py: bulk, upload) alike.
     for path, data in (("/api/jobs/cm_data/start", {}), ("/api/jobs/cm_data/pause", {}),
                        ("/api/jobs/cm_data/throttle", {"rows_per_s": "5"}),
                        ("/api/jobs/cm_data/schedule", {"cron": "0 2 * * *"}),
                        ("/api/deadletters/purge", {"older_than": "1s"}),
-                       ("/api/deadletters/1/replay", {})):
+                       ("/api/deadletters/1/replay", {}),
+                       ("/api/deadletters/bulk", {"action": "purge", "expected": "1",
+                                                  "upto": "999999"}),
+                       ("/api/jobs/cm_data/upload", {})):
         refused = _post(viewer, path, token, data)
         assert refused.status == 403, (path, refused.status, refused.body)
         assert "has the role viewer, which changes nothing" in refused.json()["error"], path
-    assert _runs(console.engine) == before
+    assert (_runs(console.engine), letters.counts()) == before
     assert _detail(viewer)["schedule"] is None
     # Reading is all it may do: a dry run (reads only) and its own logout.
     assert _post(viewer, "/api/jobs/cm_data/dry-run", token).status == 200
