@@ -83,8 +83,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     engine.dispose()
 
 
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
+def chromium() -> Any:
+    """A headless Chromium driven by Selenium (1280x1000); the caller quits it."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -97,6 +97,12 @@ def browser(stack: Stack) -> Iterator[Any]:
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or CHROMEDRIVER),
                               options=options)
     driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Stack) -> Iterator[Any]:
+    driver = chromium()
     yield driver
     driver.quit()
 

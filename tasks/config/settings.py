@@ -110,6 +110,17 @@ class Settings:
     # Proxies (addresses or networks) whose X-Forwarded-Proto and X-Forwarded-For the console
     # believes: the client's address (login limits, logs) and whether it came over HTTPS.
     console_trusted_proxies: tuple[str, ...] = ()
+    # A second local account that may read everything and change nothing (the role viewer;
+    # CONSOLE_USER is the operator). Both or neither; the password follows CONSOLE_PASSWORD's
+    # rules.
+    console_viewer_user: str | None = None
+    console_viewer_password: str | None = dataclasses.field(default=None, repr=False)
+    # Single sign-on through a trusted proxy (oauth2-proxy): `proxy` logs in the user named by
+    # X-Forwarded-User on a request from CONSOLE_TRUSTED_PROXIES, with the role its
+    # X-Forwarded-Groups map to (operator groups first); `off`: the local login only.
+    console_sso: str = "off"
+    console_operator_groups: tuple[str, ...] = ()
+    console_viewer_groups: tuple[str, ...] = ()
     # Flower's address, linked from the console for task-level detail (optional).
     flower_url: str | None = None
     # The wings' sections (`Section` instances, one per class), read by `load_settings`.
@@ -205,8 +216,18 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "console_secret": ("CONSOLE_SECRET", envparse.secret),
     "console_secure_cookies": ("CONSOLE_SECURE_COOKIES", envparse.flag),
     "console_trusted_proxies": ("CONSOLE_TRUSTED_PROXIES", envparse.networks),
+    "console_viewer_user": ("CONSOLE_VIEWER_USER", lambda _name, raw: raw),
+    "console_viewer_password": ("CONSOLE_VIEWER_PASSWORD", lambda _name, raw: raw),
+    "console_sso": ("CONSOLE_SSO", envparse.one_of("off", "proxy")),
+    "console_operator_groups": ("CONSOLE_OPERATOR_GROUPS", lambda _n, raw: _names(raw)),
+    "console_viewer_groups": ("CONSOLE_VIEWER_GROUPS", lambda _n, raw: _names(raw)),
     "flower_url": ("FLOWER_URL", envparse.url(("http", "https"))),
 }
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    """A comma-separated list of names (groups), blanks dropped."""
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
 def load_settings(env: Mapping[str, str] | None = None,

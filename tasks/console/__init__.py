@@ -14,5 +14,6 @@ start without CONSOLE_USER and CONSOLE_PASSWORD or with a password or secret shi
 repository, binds 127.0.0.1 unless CONSOLE_ADDRESS says otherwise, limits failed logins per
 user and per address (`tasks.console.logins`), keeps sessions on the server
 (`tasks.console.sessions`), and every state-changing request needs the CSRF token issued at
-login (`tasks.console.auth`).
+login (`tasks.console.auth`) and the operator role (`tasks.console.roles`; a viewer reads
+only). Behind oauth2-proxy it signs in the user a trusted proxy names (`tasks.console.sso`).
 """

@@ -329,3 +329,15 @@ def flower_link() -> str | None:
         return None
     parts = urlsplit(settings.flower_url)
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def job_known(job: str) -> bool:
+    """Whether `job` names a registered range job (else the console's job pages are 404)."""
+    from tasks.ranges.jobs import get_job
+    from tasks.store.validate import InvalidArguments
+
+    try:
+        get_job(job)
+    except InvalidArguments:
+        return False
+    return True

@@ -1,23 +1,25 @@
 """Who may use the console, and how a request proves it.
 
-- Credentials: CONSOLE_USER and CONSOLE_PASSWORD. Without both the console refuses to start
-  (like our Flower, tasks/worker/flowerguard.py); so it does with a password or a CONSOLE_SECRET
-  that
-  ships in this repository's examples or is a known placeholder (anyone can read those), and
-  with a password shorter than MIN_PASSWORD. Both are compared with `hmac.compare_digest`; the
-  password is never logged, never written into a page and never kept in a cookie.
+- Accounts: the login form's (`tasks.console.accounts`: CONSOLE_USER, an operator, and
+  optionally CONSOLE_VIEWER_USER, a viewer), and with CONSOLE_SSO=proxy the users a trusted
+  proxy names (`tasks.console.sso`: X-Forwarded-User from a CONSOLE_TRUSTED_PROXIES peer only,
+  the role from X-Forwarded-Groups; from any other peer the header is ignored).
 - Login: limited per user and per client address (`tasks.console.logins`).
-- Session: a successful login creates a server-side session (`tasks.console.sessions`) and
-  sets a signed cookie holding only its id (Tornado's `set_signed_cookie`, HMAC with
-  CONSOLE_SECRET, or a random secret drawn at each start, so a restart ends every session).
-  Every request reads the session back from Redis: logout and a password change end it for
-  every copy of the cookie. HttpOnly, SameSite=Strict; Secure over HTTPS, behind a trusted
-  proxy that says the client came over HTTPS, or always with CONSOLE_SECURE_COOKIES.
+- Session: a successful login, or the first request through the proxy, creates a server-side
+  session (`tasks.console.sessions`: user, role, how, CSRF token) and sets a signed cookie
+  holding only its id (Tornado's `set_signed_cookie`, HMAC with CONSOLE_SECRET, or a random
+  secret drawn at each start, so a restart ends every session). Every request reads the
+  session back from Redis: logout and a password change end it for every copy of the cookie,
+  and another proxy user ends the proxy session. HttpOnly, SameSite=Strict; Secure over HTTPS,
+  behind a trusted proxy that says the client came over HTTPS, or always with
+  CONSOLE_SECURE_COOKIES.
 - CSRF: every POST but the login itself must carry the session's token (the `X-CSRF-Token`
   header or a `_csrf` form field), compared with `hmac.compare_digest`: 403 otherwise. The
   login form is protected by Tornado's own `_xsrf` double-submit cookie (login CSRF).
+- Roles (`tasks.console.roles`): every request but a GET needs the operator role unless its
+  handler lowers `role_to_change` (logout, a dry run): a viewer gets 403 and nothing changes.
 - No session: 401 for the JSON API and for any POST, a redirect to the login page for a page.
-  Redis away: 503 (the console fails closed).
+  Redis away: 503 (the console fails closed). An unknown page: 404 (`NotFound`).
 """
 
 from __future__ import annotations
@@ -27,28 +29,36 @@ import hmac
 import ipaddress
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 from redis.exceptions import RedisError
 from tornado.web import HTTPError, RequestHandler
 
-from tasks.config.envparse import shipped
 from tasks.config.settings import Settings
+from tasks.console.accounts import (
+    MIN_PASSWORD,
+    REFUSAL,
+    Accounts,
+    ConsoleRefused,
+    MissingCredentials,
+    ShippedCredential,
+    WeakPassword,
+    accounts_from,
+    check_credentials,
+)
+from tasks.console.roles import OPERATOR, may
 from tasks.console.sessions import SESSION_HOURS, Sessions
+from tasks.console.sso import PROXY, BadIdentity, Identity, ProxySso
 
-__all__ = ["Credentials", "credentials_from", "check_credentials", "cookie_secret",
-           "ConsoleHandler", "Door", "REFUSAL", "SESSION_COOKIE", "CSRF_HEADER", "CSRF_FIELD",
-           "SESSION_HOURS", "MIN_PASSWORD", "ConsoleRefused", "MissingCredentials",
-           "ShippedCredential", "WeakPassword", "blocking"]
+__all__ = ["Accounts", "accounts_from", "check_credentials", "cookie_secret",
+           "ConsoleHandler", "Door", "NotFound", "REFUSAL", "SESSION_COOKIE", "CSRF_HEADER",
+           "CSRF_FIELD", "SESSION_HOURS", "MIN_PASSWORD", "ConsoleRefused",
+           "MissingCredentials", "ShippedCredential", "WeakPassword", "blocking"]
 
-REFUSAL = ("CONSOLE_USER and CONSOLE_PASSWORD must be set before starting the console "
-           "(it is never started without authentication)")
 SESSION_COOKIE = "rk_console"
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "_csrf"
-MIN_PASSWORD = 12
 
 # Sent with every response: no framing, no sniffing, no referrer, scripts and styles from
 # the console's own static files only, nothing cached (pages show live state and the token).
@@ -60,56 +70,6 @@ SECURITY_HEADERS = {
                                "form-action 'self'; base-uri 'none'",
     "Cache-Control": "no-store",
 }
-
-
-@dataclass(frozen=True)
-class Credentials:
-    user: str
-    password: str = field(repr=False)
-
-    def match(self, user: str, password: str) -> bool:
-        """Both compared in constant time, both always (no early exit on a wrong user)."""
-        same_user = hmac.compare_digest(user.encode(), self.user.encode())
-        same_password = hmac.compare_digest(password.encode(), self.password.encode())
-        return same_user and same_password
-
-
-class ConsoleRefused(Exception):
-    """The console does not start; the message says why (never quoting a credential)."""
-
-
-class MissingCredentials(ConsoleRefused):
-    """CONSOLE_USER or CONSOLE_PASSWORD is not set."""
-
-
-class ShippedCredential(ConsoleRefused):
-    """CONSOLE_PASSWORD or CONSOLE_SECRET is a value anyone can read in this repository (or a
-    known placeholder)."""
-
-
-class WeakPassword(ConsoleRefused):
-    """CONSOLE_PASSWORD is shorter than MIN_PASSWORD characters."""
-
-
-def check_credentials(user: str | None, password: str | None, secret: str | None) -> None:
-    """Refuse (a `ConsoleRefused`) what the console must not start with."""
-    if not user or not password:
-        raise MissingCredentials(REFUSAL)
-    for name, value in (("CONSOLE_PASSWORD", password), ("CONSOLE_SECRET", secret)):
-        if value and shipped(value):
-            raise ShippedCredential(
-                f"{name} is a value shipped with rangekeeper's examples (or a known "
-                "placeholder): anyone can read it. Set one of your own, e.g. "
-                "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
-    if len(password) < MIN_PASSWORD:
-        raise WeakPassword(f"CONSOLE_PASSWORD must be at least {MIN_PASSWORD} characters")
-
-
-def credentials_from(settings: Settings) -> Credentials:
-    """The console's credentials, checked by `check_credentials`."""
-    check_credentials(settings.console_user, settings.console_password, settings.console_secret)
-    assert settings.console_user and settings.console_password
-    return Credentials(settings.console_user, settings.console_password)
 
 
 def cookie_secret(settings: Settings) -> str:
@@ -124,8 +84,12 @@ async def blocking(call: Callable[[], Any]) -> Any:
 
 class Door(RequestHandler):
     """What every console handler shares: security headers, the client's address and scheme
-    (believing X-Forwarded-* from trusted proxies only), and Secure cookies when it came over
-    HTTPS or the settings say so."""
+    (believing X-Forwarded-* from trusted proxies only), Secure cookies when it came over
+    HTTPS or the settings say so, and errors as a small page or, for the API and any POST,
+    JSON."""
+
+    # Errors as JSON (the API) or as a small page.
+    api = False
 
     def set_default_headers(self) -> None:
         for name, value in SECURITY_HEADERS.items():
@@ -137,6 +101,10 @@ class Door(RequestHandler):
         except ValueError:
             return False
         return any(ip in net for net in self.settings["trusted_proxies"])
+
+    def from_proxy(self) -> bool:
+        """Whether the request's peer (the connection, never a header) is a trusted proxy."""
+        return self._trusted(str(self.request.remote_ip))
 
     def client_ip(self) -> str:
         """The client's address: the peer's, or behind trusted proxies the last address of
@@ -157,7 +125,7 @@ class Door(RequestHandler):
     def is_https(self) -> bool:
         if self.request.protocol == "https":
             return True
-        if not self._trusted(str(self.request.remote_ip)):
+        if not self.from_proxy():
             return False
         proto = self.request.headers.get("X-Forwarded-Proto", "").split(",")[-1]
         return proto.strip().lower() == "https"
@@ -167,28 +135,83 @@ class Door(RequestHandler):
             kwargs["secure"] = True
         super().set_cookie(name, value, *args, **kwargs)
 
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """JSON `{error, status}` for the API and any POST; else a small page (no stack)."""
+        reason = self._reason
+        if self.api or self.request.method not in ("GET", "HEAD") or \
+                self.request.path.startswith("/api/"):
+            self.finish({"error": reason, "status": status_code})
+            return
+        self.render("error.html", status=status_code, reason=reason)
+
+
+class NotFound(Door):
+    """Every path no route names (the application's `default_handler_class`): 404."""
+
+    def prepare(self) -> None:
+        raise HTTPError(404, reason="no such page in the console")
+
+    def check_xsrf_cookie(self) -> None:
+        """A 404 whatever the method: no form to protect."""
+
 
 class ConsoleHandler(Door):
-    """A handler behind the login: `prepare` reads the session (from the signed cookie's id),
-    turns a missing one into 401 (API, POST) or a redirect to the login page, and a POST
-    without the session's CSRF token into 403."""
+    """A handler behind the login: `prepare` finds who asks (the trusted proxy's user, or the
+    session of the signed cookie's id), turns nobody into 401 (API, POST) or a redirect to the
+    login page, a POST without the session's CSRF token into 403, and a change asked by a
+    role below `role_to_change` into 403."""
 
-    # Pages redirect to the login form; the JSON API answers 401.
-    api = False
+    # The role a request other than GET or HEAD needs (logout and dry runs lower it).
+    role_to_change = OPERATOR
     _session: dict[str, Any] | None = None
     _sid: str | None = None
 
-    async def _read_session(self) -> None:
+    def _identity(self) -> Identity | None:
+        """The user the trusted proxy names (None: SSO off, another peer, or no user)."""
+        sso: ProxySso = self.settings["sso"]
+        if not sso.enabled or not self.from_proxy():
+            return None
+        try:
+            return sso.identity(self.request.headers)
+        except BadIdentity as exc:
+            raise HTTPError(400, reason=str(exc)) from None
+
+    async def _read_session(self, proxied: str | None) -> None:
         raw = self.get_signed_cookie(SESSION_COOKIE, max_age_days=SESSION_HOURS / 24)
         if raw is None:
             return
         sid = raw.decode(errors="replace")
         sessions: Sessions = self.settings["sessions"]
         try:
-            self._session = await blocking(lambda: sessions.find(sid))
+            self._session = await blocking(lambda: sessions.find(sid, proxied))
         except (RedisError, OSError):
             raise HTTPError(503, reason="sessions unavailable (Redis does not answer)") from None
         self._sid = sid if self._session is not None else None
+
+    async def _proxy_session(self, identity: Identity) -> None:
+        """The session of the proxy's user: the cookie's if it is this user's in this role,
+        else a new one (any other session of the cookie is ended)."""
+        sso: ProxySso = self.settings["sso"]
+        sessions: Sessions = self.settings["sessions"]
+        role = sso.role(identity)
+        # An unmapped user ends whatever the cookie held (no role matches "").
+        fingerprint = sessions.fingerprint(PROXY, identity.user, role or "")
+        await self._read_session(fingerprint)
+        if role is None:
+            raise HTTPError(403, reason=sso.refusal(identity))
+        if self._session is not None:
+            return
+        try:
+            sid, record = await blocking(
+                lambda: sessions.create(identity.user, role, PROXY, fingerprint))
+        except (RedisError, OSError):
+            raise HTTPError(503, reason="sessions unavailable (Redis does not answer)") from None
+        self._sid, self._session = sid, record
+        self.set_signed_cookie(SESSION_COOKIE, sid, expires_days=SESSION_HOURS / 24,
+                               httponly=True, samesite="Strict")
+        self.application.settings["log"].info(
+            "console: %s signed in through the proxy from %s as %s", identity.user,
+            self.client_ip(), role)
 
     def session(self) -> dict[str, Any] | None:
         return self._session
@@ -196,12 +219,25 @@ class ConsoleHandler(Door):
     def get_current_user(self) -> str | None:
         return str(self._session["user"]) if self._session else None
 
+    @property
+    def role(self) -> str:
+        return str(self._session.get("role", "")) if self._session else ""
+
+    @property
+    def method(self) -> str:
+        """How the session was opened: `password` (the login form) or `proxy`."""
+        return str(self._session.get("method", "password")) if self._session else ""
+
     def check_xsrf_cookie(self) -> None:
         """Tornado's double-submit check is for the login form; behind the login the token is
         the session's own, checked in `prepare` (after the session: 401 comes before 403)."""
 
     async def prepare(self) -> None:
-        await self._read_session()
+        identity = self._identity()
+        if identity is not None:
+            await self._proxy_session(identity)
+        else:
+            await self._read_session(None)
         found = self._session
         if found is None:
             if self.api or self.request.method != "GET":
@@ -213,19 +249,22 @@ class ConsoleHandler(Door):
                 CSRF_FIELD, "")
             if not sent or not hmac.compare_digest(sent.encode(), str(found["csrf"]).encode()):
                 raise HTTPError(403, reason="missing or wrong CSRF token")
+            if not may(self.role, self.role_to_change):
+                raise HTTPError(403, reason=f"{self.current_user} has the role {self.role}, "
+                                f"which changes nothing: this needs the {self.role_to_change} "
+                                "role")
+
+    def get_template_namespace(self) -> dict[str, Any]:
+        """What base.html needs on every page behind the login (who, the role, how, the CSRF
+        token), so a page rendered by any handler has them; `render`'s own values win."""
+        return {**super().get_template_namespace(), "user": self.current_user,
+                "role": self.role, "how": self.method, "csrf": self.csrf_token}
 
     @property
     def csrf_token(self) -> str:
         return str(self._session["csrf"]) if self._session else ""
 
     def actor(self) -> str:
-        """Who asked, as the run history records it."""
-        return f"console:{self.current_user}@{self.client_ip()}"
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        reason = self._reason
-        if self.api or self.request.method != "GET":
-            self.finish({"error": reason, "status": status_code})
-        else:
-            self.set_header("Content-Type", "text/plain; charset=utf-8")
-            self.finish(f"{status_code}: {reason}\n")
+        """Who asked, as the run history records it: the user, the address, the role and how
+        the session was opened (`console:alice@10.0.0.7 (operator, proxy)`)."""
+        return f"console:{self.current_user}@{self.client_ip()} ({self.role}, {self.method})"

@@ -18,16 +18,13 @@ from redis.exceptions import RedisError
 from tornado.web import HTTPError, RequestHandler
 
 from tasks.console import actions
-from tasks.console.auth import (
-    SESSION_COOKIE,
-    SESSION_HOURS,
-    ConsoleHandler,
-    Credentials,
-    Door,
-    blocking,
-)
+from tasks.console.accounts import Account, Accounts
+from tasks.console.auth import SESSION_COOKIE, SESSION_HOURS, ConsoleHandler, Door, blocking
 from tasks.console.logins import FAILURE_DELAY, Attempt, LoginLimiter
+from tasks.console.roles import VIEWER, allowed
 from tasks.console.sessions import Sessions
+from tasks.console.sso import PASSWORD, USER_HEADER, ProxySso
+from tasks.console.times import zoned
 
 __all__ = ["ROUTES", "REFRESH_MS"]
 
@@ -40,10 +37,16 @@ class LoginHandler(Door):
     Retry-After, its password never compared."""
 
     def get(self) -> None:
+        sso: ProxySso = self.settings["sso"]
+        if sso.enabled and self.from_proxy() and self.request.headers.get(USER_HEADER, ""):
+            # The trusted proxy names a user: the page asked for signs them in (a logout's
+            # redirect lands here while the proxy still vouches for them).
+            self.redirect(_local(self.get_argument("next", "/jobs")))
+            return
         self._form("", 200)
 
     async def post(self) -> None:
-        credentials: Credentials = self.settings["credentials"]
+        accounts: Accounts = self.settings["accounts"]
         logins: LoginLimiter = self.settings["logins"]
         user = self.get_body_argument("user", "")
         address = self.client_ip()
@@ -57,12 +60,13 @@ class LoginHandler(Door):
             self.set_header("Retry-After", str(wait))
             self._form(f"too many failed logins: try again in {wait} s", 429)
             return
-        if not credentials.match(user, self.get_body_argument("password", "")):
+        account = accounts.match(user, self.get_body_argument("password", ""))
+        if account is None:
             self._failed(user, address, attempt)
             await asyncio.sleep(FAILURE_DELAY)
             self._form("wrong user or password", 401)
             return
-        await self._log_in(credentials.user, address)
+        await self._log_in(account, address)
 
     def _failed(self, user: str, address: str, attempt: Attempt) -> None:
         log = self.application.settings["log"]
@@ -74,18 +78,20 @@ class LoginHandler(Door):
             log.warning("console: logins locked for %.0fs: address %s after %d failed logins",
                         attempt.address_lockout, address, attempt.address_failures)
 
-    async def _log_in(self, user: str, address: str) -> None:
+    async def _log_in(self, account: Account, address: str) -> None:
         logins: LoginLimiter = self.settings["logins"]
         sessions: Sessions = self.settings["sessions"]
+        user = account.user
         try:
             await blocking(lambda: logins.succeeded(user, address))
-            sid, _ = await blocking(lambda: sessions.create(user))
+            sid, _ = await blocking(lambda: sessions.create(user, account.role, PASSWORD))
         except (RedisError, OSError):
             raise HTTPError(503, reason="sessions unavailable (Redis does not answer)"
                             ) from None
         self.set_signed_cookie(SESSION_COOKIE, sid, expires_days=SESSION_HOURS / 24,
                                httponly=True, samesite="Strict")
-        self.application.settings["log"].info("console: %s logged in from %s", user, address)
+        self.application.settings["log"].info("console: %s logged in from %s as %s", user,
+                                              address, account.role)
         self.redirect(_local(self.get_argument("next", "/jobs")))
 
     def _form(self, error: str, status: int) -> None:
@@ -101,7 +107,11 @@ def _local(path: str) -> str:
 
 
 class LogoutHandler(ConsoleHandler):
-    """Ends the session on the server (every copy of its cookie), then clears the cookie."""
+    """Ends the session on the server (every copy of its cookie), then clears the cookie. A
+    proxy user's next request through the proxy opens a new session: signing out of the
+    identity provider is the proxy's (oauth2-proxy: /oauth2/sign_out)."""
+
+    role_to_change = VIEWER
 
     async def post(self) -> None:
         sessions: Sessions = self.settings["sessions"]
@@ -121,8 +131,7 @@ class PageHandler(ConsoleHandler):
 
     def get(self, *args: str) -> None:
         template, context = self.page(*args)
-        self.render(template, user=self.current_user, csrf=self.csrf_token,
-                    flower=actions.flower_link(), refresh_ms=REFRESH_MS, **context)
+        self.render(template, flower=actions.flower_link(), refresh_ms=REFRESH_MS, **context)
 
     def page(self, *args: str) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError
@@ -133,8 +142,15 @@ class JobsPage(PageHandler):
         return "jobs.html", {"page": "jobs"}
 
 
+def known(job: str) -> None:
+    """404 unless `job` names a registered range job."""
+    if not actions.job_known(job):
+        raise HTTPError(404, reason=f"no range job {job!r} is registered")
+
+
 class JobPage(PageHandler):
     def page(self, *args: str) -> tuple[str, dict[str, Any]]:
+        known(args[0])
         shown = "slowest" if self.get_argument("slowest", "") else self.get_argument("state", "")
         return "job.html", {"page": "job", "job": args[0], "verbs": actions.VERBS,
                             "filters": actions.partition_filters(), "shown": shown,
@@ -163,7 +179,7 @@ class ApiHandler(ConsoleHandler):
 
     async def answer(self, call: Callable[[], Any]) -> None:
         try:
-            self.write({"ok": True, "data": await blocking(call)})
+            self.write({"ok": True, "data": zoned(await blocking(call))})
         except actions.Refused as exc:
             raise HTTPError(409, reason=_one_line(exc)) from None
         except actions.Unavailable as exc:
@@ -186,6 +202,7 @@ class JobApi(ApiHandler):
     a value that names no page is 400 with the reason."""
 
     async def get(self, job: str) -> None:
+        known(job)
         try:
             query = actions.partition_query(
                 self.get_arguments("state"), self.get_argument("owner", None),
@@ -193,11 +210,18 @@ class JobApi(ApiHandler):
                 self.get_argument("after", None))
         except actions.BadRequest as exc:
             raise HTTPError(400, reason=_one_line(exc)) from None
-        await self.answer(lambda: actions.job_detail(job, query))
+        role = self.role
+        await self.answer(lambda: _with_allowed(actions.job_detail(job, query), role))
+
+
+def _with_allowed(detail: dict[str, Any], role: str) -> dict[str, Any]:
+    """A job's detail with the controls its state allows `role` (`tasks.console.roles`)."""
+    return {**detail, "allowed": allowed(detail["job"], role)}
 
 
 class ControlApi(ApiHandler):
     async def post(self, job: str, verb: str) -> None:
+        known(job)
         rate = self.get_body_argument("rows_per_s", None)
         params = self.get_body_arguments("param")  # a start's NAME=VALUE pairs
         actor = self.actor()
@@ -208,6 +232,7 @@ class ScheduleApi(ApiHandler):
     """Set or change (`cron`, `policy`, `missed`) or clear (`clear=1`) the job's schedule."""
 
     async def post(self, job: str) -> None:
+        known(job)
         cron = None if self.get_body_argument("clear", "") else self.get_body_argument(
             "cron", "")
         policy = self.get_body_argument("policy", "skip")
@@ -217,9 +242,13 @@ class ScheduleApi(ApiHandler):
 
 
 class DryRunApi(ApiHandler):
-    """What a start with the given parameters would do (`jobs start --dry-run`); reads only."""
+    """What a start with the given parameters would do (`jobs start --dry-run`); reads only,
+    so a viewer may ask too."""
+
+    role_to_change = VIEWER
 
     async def post(self, job: str) -> None:
+        known(job)
         params = self.get_body_arguments("param")
         await self.answer(lambda: actions.dry_run(job, params))
 

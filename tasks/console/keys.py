@@ -1,9 +1,10 @@
 """Every Redis key of the operator console; nothing else spells them.
 
-    console-session:{SID}            one logged-in session: JSON {user, csrf, at, credentials
-                                     fingerprint}; TTL SESSION_HOURS from login, deleted by
-                                     logout and by the first request that finds its
-                                     fingerprint stale (the password changed)
+    console-session:{SID}            one logged-in session: JSON {user, role, method, csrf,
+                                     at, credentials fingerprint}; TTL SESSION_HOURS from
+                                     login, deleted by logout and by the first request it does
+                                     not hold for (the password changed, the proxy names
+                                     another user or role, or a proxy session without it)
     console-login:{console}:fails:user:DIGEST
                                      failed logins for one user name (DIGEST: 16 hex of its
                                      sha256); TTL LOGIN_WINDOW after the last attempt

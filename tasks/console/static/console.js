@@ -24,6 +24,15 @@
   }
 
   const td = (value, cls) => el("td", { className: cls || "" }, value);
+
+  // A time as tasks/config/clock.py's `shown` writes it, in UTC with the zone named
+  // ("2026-12-07 04:47:39 UTC"), from the API's ISO 8601 (or a Date); "-" for none.
+  function shown(when) {
+    if (when === null || when === undefined || when === "") return "-";
+    const date = when instanceof Date ? when : new Date(when);
+    if (Number.isNaN(date.getTime())) return String(when);
+    return `${date.toISOString().slice(0, 19).replace("T", " ")} UTC`;
+  }
   const num = (value) => td(Number(value || 0).toLocaleString("en"), "num");
   const fill = (tbody, rows) => tbody.replaceChildren(...rows);
 
@@ -119,7 +128,7 @@
   // An event's detail on one line; a failed partition's traceback opens below it.
   function eventItem(e) {
     const [first, ...rest] = String(e.detail || "").split("\n");
-    const line = `${e.at} ${e.verb} by ${e.actor}${first ? ` (${first})` : ""}`;
+    const line = `${shown(e.at)} ${e.verb} by ${e.actor}${first ? ` (${first})` : ""}`;
     if (!rest.length) return el("li", {}, line);
     return el("li", {}, el("details", { className: "traceback" },
       el("summary", {}, line), el("pre", {}, rest.join("\n"))));
@@ -130,7 +139,7 @@
     const params = r.params ? Object.entries(r.params).map(([k, v]) => `${k}=${v}`).join(" ")
       : "-";
     return el("tr", { dataset: { run: r.run, state: r.state } },
-      td(r.run, "num"), td(badge(r.state)), td(r.started_at || "-"), td(r.finished_at || "-"),
+      td(r.run, "num"), td(badge(r.state)), td(shown(r.started_at)), td(shown(r.finished_at)),
       td(duration(r.duration_s), "num"), td(r.started_by || "-"), num(r.rows), num(r.skipped),
       td(r.rows_per_s ? `${r.rows_per_s} rows/s` : "-", "num"), td(params), td(events));
   }
@@ -193,8 +202,19 @@
     paramInputs(data.param_fields || []);
     const sched = data.schedule;
     document.getElementById("schedule-now").textContent = sched && sched.cron
-      ? `now: ${sched.cron} (${sched.policy}, missed ${sched.missed}), next ${sched.next_due || "-"}`
+      ? `now: ${sched.cron} (${sched.policy}, missed ${sched.missed}), next ${shown(sched.next_due)}`
       : "no schedule";
+    showAllowed(data.allowed);
+  }
+
+  // Exactly the controls the job API says the run's state allows this user (none for a
+  // viewer): the rule is the server's (tasks/console/roles.py), the page only follows it.
+  function showAllowed(allowed) {
+    const ok = new Set(allowed || []);
+    document.querySelectorAll(".allowed-by-state").forEach((node) => {
+      node.hidden = !ok.has(node.dataset.verb);
+    });
+    document.getElementById("controls")?.setAttribute("data-allowed", [...ok].join(" "));
   }
 
   // The start form: one input per declared run parameter (made once), sent as param=NAME=VALUE.
@@ -234,7 +254,7 @@
   function letterRow(s) {
     return el("tr", { dataset: { letter: s.id } },
       td(el("a", { href: `/deadletters/${s.id}` }, s.id), "num"), td(s.kind), td(s.ref),
-      td(s.created_at), td(s.replay_task_id || "-"), td(s.reason, "reason"));
+      td(shown(s.created_at)), td(s.replay_task_id || "-"), td(s.reason, "reason"));
   }
 
   async function letters() {
@@ -254,10 +274,12 @@
   async function letter() {
     const id = document.getElementById("letter").dataset.letter;
     const data = await getJson(`/api/deadletters/${id}`);
-    const shown = ["kind", "ref", "reason", "created_at", "replayed_at", "replay_task_id",
+    const facts = ["kind", "ref", "reason", "created_at", "replayed_at", "replay_task_id",
       "replayable", "refusal"];
-    document.getElementById("facts").replaceChildren(...shown.flatMap((key) =>
-      [el("dt", {}, key), el("dd", { id: `fact-${key}` }, String(data[key] ?? "-"))]));
+    const times = ["created_at", "replayed_at"];
+    document.getElementById("facts").replaceChildren(...facts.flatMap((key) =>
+      [el("dt", {}, key), el("dd", { id: `fact-${key}` },
+        times.includes(key) ? shown(data[key]) : String(data[key] ?? "-"))]));
     document.getElementById("payload").textContent = data.payload;
     document.getElementById("btn-replay").disabled = !data.replayable;
   }
@@ -348,7 +370,7 @@
     if (!load) return;
     try {
       await load();
-      document.getElementById("updated").textContent = new Date().toLocaleTimeString();
+      document.getElementById("updated").textContent = shown(new Date());
     } catch (error) {
       if (error.message !== "logged out") flash(`cannot refresh: ${error.message}`, "error");
     }
