@@ -6,27 +6,26 @@ Seeds rows, starts real `celery -A tasks worker` processes and a beat, starts th
 With `--restock` it then runs the restock scenario (devtools/restock_demo.py) on the same
 workers and beat: orders, payments, and unpaid stock coming back. With `--console` it also
 serves the operator console (`python -m tasks console`) on 127.0.0.1 with a password drawn for
-this run, printed once on the terminal (never into a log), and keeps it up after the
-verification until Ctrl-C. It stops everything it started.
+this run, printed once on the terminal (never into a log), runs the job in slow motion (about
+2-3 minutes: a throttle set from the CLI as the run starts, `slow_motion`) so every control can
+be tried on it from the console, and keeps the console up after the verification (or a cancel)
+until Ctrl-C. It stops everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -37,15 +36,17 @@ from rich.progress import (
 )
 from sqlalchemy import Engine, MetaData, Table, func, select, text
 
+from devtools.console_demo import hold_console, interrupted, start_console
 from devtools.embedded import NotScratch, demo_redis, flush_scratch
+from devtools.fleet import ROOT, Fleet
 from examples.tables import CM_DATA
 from tasks.config.settings import redact
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.ranges.tables import RunState
 from tasks.store.resources import make_engine
 
 __all__ = ["main", "verify", "Verification"]
 
-ROOT = Path(__file__).resolve().parents[1]
 # The demo flushes only a database it verified empty and marked (devtools.embedded.claim_scratch):
 # REDIS_URL, or this logical database of a local Redis, or a private Redis it starts.
 DEMO_REDIS_DB = 14
@@ -99,58 +100,6 @@ def reset_database(engine: Engine) -> None:
                 Table(name, meta, autoload_with=conn).drop(conn)
 
 
-class Fleet:
-    """The processes the demo started, each with its output in a log file."""
-
-    def __init__(self, env: Mapping[str, str], logs: Path) -> None:
-        self.env, self.logs = dict(env), logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *argv: str, module: str = "celery",
-              env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """`python -m celery -A tasks ARGV...` (or `python -m tasks ARGV...`: module "tasks")
-        in its own session, so the terminal's Ctrl-C reaches only the demo."""
-        prefix = ["-m", "celery", "-A", "tasks"] if module == "celery" else ["-m", module]
-        log = (self.logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen([sys.executable, *prefix, *argv], env=dict(env or self.env),
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.procs[name] = proc
-        return proc
-
-    def wait_ready(self, name: str, marker: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        path = self.logs / f"{name}.log"
-        while marker not in path.read_text(errors="replace"):
-            if self.procs[name].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start; see {path}")
-            time.sleep(0.2)
-
-    def call(self, task: str, args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "call", task,
-                              "--args", args], env=self.env, cwd=ROOT, capture_output=True,
-                             text=True, timeout=60, check=True)
-        return out.stdout.strip()
-
-    def kill(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m devtools demo", description=__doc__)
     parser.add_argument("--db", default=None, help="SQLAlchemy URL (default: a SQLite file)")
@@ -162,6 +111,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--chaos", action="store_true", help="kill -9 one worker mid-run")
     parser.add_argument("--batch-delay", type=float, default=0.0,
                         help="seconds of extra work per batch (to watch a slow job)")
+    parser.add_argument("--throttle", type=float, default=None, metavar="ROWS_PER_S",
+                        help="cap the run at this many rows/s (0: none; default none, or with "
+                             f"--console what makes the job last about {CONSOLE_SECONDS:.0f} s)")
     parser.add_argument("--restock", action="store_true",
                         help="then run the restock scenario (stock of unpaid orders returns)")
     parser.add_argument("--restock-delay", type=float, default=3.0,
@@ -176,9 +128,25 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     for name in ("rows", "workers", "partition_size", "batch_size"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.throttle is not None and args.throttle < 0:
+        parser.error("--throttle must be at least 0 (0: none)")
+    if args.throttle is None:
+        args.throttle = slow_motion(args) if args.console else 0.0
     if not 0 < args.console_port < 65536:
         parser.error("--console-port must be a TCP port (1..65535)")
     return args
+
+
+# The console demo's job lasts about this long by default: time to pause, resume, throttle and
+# cancel it from the console while its partitions move.
+CONSOLE_SECONDS = 150.0
+
+
+def slow_motion(args: argparse.Namespace) -> float:
+    """The run's cap (rows/s) that makes the job last about CONSOLE_SECONDS. A cap, not a
+    delay in the batch: a throttled partition waits outside its transaction and heartbeats its
+    lease, so on SQLite the workers do not queue behind a sleeping writer."""
+    return float(max(round(args.rows / CONSOLE_SECONDS), 1))
 
 
 def main(argv: list[str]) -> int:
@@ -221,6 +189,9 @@ def main(argv: list[str]) -> int:
     fleet = Fleet(env, workdir)
     try:
         return _run(args, console, fleet, engine)
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM with --console) before the job ended
+        console.print("interrupted: stopping")
+        return 130
     finally:
         fleet.stop_all()
         engine.dispose()
@@ -229,21 +200,36 @@ def main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engine) -> int:
+    if args.throttle:
+        # From the CLI, which needs no worker: the run and its cap exist before any worker
+        # is up, so not one batch runs at full speed.
+        fleet.cli("jobs", "start", "cm_data")
+        fleet.cli("jobs", "throttle", "cm_data", f"{args.throttle:g}")
+        console.print(f"slow motion: the run is throttled to {args.throttle:,.0f} rows/s "
+                      "(about 2-3 minutes); throttle it to 0 from the console for full speed",
+                      soft_wrap=True)
     for i in range(args.workers):
         fleet.start(f"worker{i + 1}", "worker", "-P", "prefork", "-c", "1", "-n",
                     f"demo-worker{i + 1}@%h", "--loglevel=INFO")
     fleet.start("beat", "beat", "--loglevel=INFO")
     if args.console:
-        _start_console(args, console, fleet)
+        signal.signal(signal.SIGTERM, interrupted)
+        start_console(args, console, fleet)
     for i in range(args.workers):
         fleet.wait_ready(f"worker{i + 1}", "ready.")
-    console.print(f"{args.workers} workers and a beat are up; starting the job with "
-                  "`celery -A tasks call tasks.ranges.start --args '[\"cm_data\"]'`")
-    fleet.call("tasks.ranges.start", '["cm_data"]')
+    if args.throttle:
+        console.print(f"{args.workers} workers and a beat are up; the run started with "
+                      "`python -m tasks jobs start cm_data`")
+    else:
+        console.print(f"{args.workers} workers and a beat are up; starting the job with "
+                      "`celery -A tasks call tasks.ranges.start --args '[\"cm_data\"]'`")
+        fleet.call("tasks.ranges.start", '["cm_data"]')
     began = time.monotonic()
-    killed = _watch(args, console, fleet, engine, began)
+    killed, ended = _watch(args, console, fleet, engine, began)
     elapsed = time.monotonic() - began
     result = verify(engine)
+    if ended == RunState.CANCELLED:
+        return _cancelled(args, console, fleet, result)
     rate = result.processed_once / elapsed if elapsed else 0.0
     console.rule("verification")
     console.print(f"rows: {result.rows:,}   processed exactly once: {result.processed_once:,}   "
@@ -259,64 +245,39 @@ def _run(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engin
 
         ok = run_restock(console, fleet.env["REDIS_URL"], args.restock_delay) and ok
     if args.console:
-        _hold_console(args, console, fleet)
+        hold_console(args, console, fleet)
     return 0 if ok else 1
 
 
-def _start_console(args: argparse.Namespace, console: Console, fleet: Fleet) -> None:
-    """`python -m tasks console` on the demo's stores, user admin and a password drawn for
-    this run: both go to the console's environment only and are printed once, here."""
-    password = secrets.token_urlsafe(12)
-    env = dict(fleet.env, CONSOLE_USER="admin", CONSOLE_PASSWORD=password,
-               CONSOLE_ADDRESS="127.0.0.1", CONSOLE_PORT=str(args.console_port))
-    fleet.start("console", "console", module="tasks", env=env)
-    try:
-        fleet.wait_ready("console", "console: serving")
-    except RuntimeError:  # e.g. the port is taken: its last line says so
-        lines = (fleet.logs / "console.log").read_text(errors="replace").strip().splitlines()
-        console.print(f"[red]the console did not start: {escape(lines[-1] if lines else '?')}"
-                      "[/] (--console-port)", soft_wrap=True)
-        raise SystemExit(1) from None
-    console.print(f"console: {_console_url(args)}   user: admin   password: {password}   "
-                  "(this run only)", soft_wrap=True)
-
-
-def _console_url(args: argparse.Namespace) -> str:
-    return f"http://127.0.0.1:{args.console_port}/"
-
-
-def _interrupted(_signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def _hold_console(args: argparse.Namespace, console: Console, fleet: Fleet) -> None:
-    """Keep the console (and the workers it shows) up until Ctrl-C or SIGTERM (then the
-    caller stops everything), or until the console exits."""
-    proc = fleet.procs["console"]
-    console.print(f"the console stays up at {_console_url(args)}: press Ctrl-C to stop the "
-                  "demo", soft_wrap=True)
-    signal.signal(signal.SIGTERM, _interrupted)
-    try:
-        while proc.poll() is None:
-            time.sleep(0.5)
-        console.print(f"[red]the console exited ({proc.returncode}); see "
-                      f"{fleet.logs / 'console.log'}[/]")
-    except KeyboardInterrupt:
-        console.print("stopping")
+def _cancelled(args: argparse.Namespace, console: Console, fleet: Fleet,
+               result: Verification) -> int:
+    """The run was cancelled (from the console): what it did, and no row twice."""
+    twice = result.not_once - (result.rows - result.processed_once)
+    console.rule("cancelled")
+    console.print(f"the run was cancelled: {result.processed_once:,} of {result.rows:,} rows "
+                  f"processed, {twice:,} more than once")
+    if args.console:
+        hold_console(args, console, fleet)
+    return 0 if twice == 0 else 1
 
 
 def _watch(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Engine,
-           began: float) -> str | None:
+           began: float) -> tuple[str | None, str | None]:
+    """Draw the partitions until every one finished or the run ended otherwise (a cancel from
+    the console); return the worker killed (--chaos) and the run's state when it ended so."""
     killed: str | None = None
     bars: dict[int, TaskID] = {}
     query = text("SELECT part, lo, hi, next_id, status, owner FROM work_items "
                  "WHERE kind = 'range' AND job = 'cm_data' ORDER BY part")
+    last_run = text("SELECT state FROM range_runs WHERE job = 'cm_data' ORDER BY id DESC "
+                    "LIMIT 1")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[state]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         while True:
             with engine.connect() as conn:
                 parts = conn.execute(query).all()
+                run = conn.execute(last_run).scalar()
             for p in parts:
                 if p.part not in bars:
                     bars[p.part] = progress.add_task(f"part {p.part:>3}", total=p.hi - p.lo + 1,
@@ -326,12 +287,14 @@ def _watch(args: argparse.Namespace, console: Console, fleet: Fleet, engine: Eng
                                 state=f"{p.status} {p.owner or ''}")
             finished = bool(parts) and all(p.status in S.FINISHED for p in parts)
             if finished:
-                return killed
+                return killed, None
+            if run in (RunState.CANCELLED, RunState.FAILED):
+                return killed, run
             if args.chaos and killed is None and _progress_share(parts) >= 0.3:
                 killed = _kill_a_worker(fleet, parts, console)
             if time.monotonic() - began > args.timeout:
                 console.print("[red]timed out waiting for the job[/]")
-                return killed
+                return killed, None
             time.sleep(0.5)
 
 

@@ -1,10 +1,10 @@
 """The Celery application: `celery -A tasks worker|beat|flower|call` all find it here.
 
-The composition root: the app is built from the core and the wings `tasks.wings` lists (their
-task modules, settings sections, routing rules, beat entries, metric series and dead-letter
-kinds). The configuration is the one DESIGN.md "Celery settings" asks for; `configure` is a
-pure function of `Settings` (and the wings) so tests can read the resulting configuration
-without a worker.
+The composition root: the app is built from the core and the wings `tasks.wings` enables (the
+setting WINGS, default all; their task modules, settings sections, routing rules, beat entries,
+metric series and dead-letter kinds). The configuration is the one DESIGN.md "Celery settings"
+asks for; `configure` is a pure function of `Settings` (and the wings) so tests can read the
+resulting configuration without a worker.
 """
 
 from __future__ import annotations
@@ -40,10 +40,14 @@ __all__ = ["app", "configure", "settings", "check_time_limits", "TASK_MODULES"]
 
 log = logging.getLogger("tasks")
 
-WINGS = composition.WINGS
+# The enabled wings only: a wing turned off (WINGS) brings no task module, queue, route, beat
+# entry, metric series or dead-letter kind.
+WINGS = composition.enabled()
 # Named, never imported here (Celery imports them when the app is finalized): the core's and
-# the wings' task modules (each wing's declaration), then the examples.
-TASK_MODULES = [*composition.task_modules(WINGS), "tasks.examples.saga"]
+# the wings' task modules (each wing's declaration), then the examples (the order saga stands
+# on the rollback wing).
+TASK_MODULES = [*composition.task_modules(WINGS),
+                *(["tasks.examples.saga"] if any(w.name == "rollback" for w in WINGS) else [])]
 
 
 def configure(settings: Settings, wings: tuple[Wing, ...] = WINGS) -> dict[str, Any]:

@@ -11,13 +11,20 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+# The ranges wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("work_items", "schedules")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.create_table(
         "work_items",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),

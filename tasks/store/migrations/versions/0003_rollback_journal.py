@@ -7,13 +7,20 @@ Revises: 0002
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+# The rollback wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("rollback_journal",)
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.create_table(
         "rollback_journal",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),

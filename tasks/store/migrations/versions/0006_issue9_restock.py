@@ -16,13 +16,20 @@ Revises: 0005
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
+# The restock wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("order_items", "restock_nodes")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.add_column("order_items", sa.Column("redo_offset", sa.BigInteger(), nullable=True))
     op.create_index("ix_order_items_node_offset", "order_items", ["redis_id", "redo_offset"])
     op.create_index("ix_order_items_sku_state", "order_items", ["sku_id", "state", "qty"])

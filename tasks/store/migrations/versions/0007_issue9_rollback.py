@@ -12,13 +12,20 @@ Revises: 0006
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
+# The rollback wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("rollback_owners", "rollback_journal")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.create_table(
         "rollback_owners",
         sa.Column("task_id", sa.String(255), primary_key=True),

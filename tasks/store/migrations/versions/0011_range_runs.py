@@ -8,13 +8,20 @@ Revises: 0010
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
+# The ranges wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("range_runs", "range_run_events", "work_items")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.create_table(
         "range_runs",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),

@@ -8,13 +8,20 @@ Revises: 0011
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0012"
 down_revision = "0011"
 branch_labels = None
 depends_on = None
+# The ranges wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("schedules", "work_items")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.add_column("schedules", sa.Column("closed_at", sa.DateTime(), nullable=True))
     op.add_column("schedules", sa.Column("fence_floor", sa.BigInteger(), nullable=False,
                                          server_default="0"))

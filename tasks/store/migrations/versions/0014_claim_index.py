@@ -10,13 +10,20 @@ Revises: 0013
 
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
+# The ranges wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("work_items",)
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.create_index("ix_work_items_job_status_part", "work_items",
                     ["kind", "job", "status", "part"])
     op.drop_index("ix_work_items_job_status", "work_items")

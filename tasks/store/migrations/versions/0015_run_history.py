@@ -10,13 +10,20 @@ Revises: 0017
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0015"
 down_revision = "0017"
 branch_labels = None
 depends_on = None
+# The ranges wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("range_runs", "range_run_events", "work_items")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.add_column("range_runs", sa.Column("number", sa.Integer(), nullable=True))
     op.add_column("range_runs", sa.Column("started_by", sa.String(255), nullable=True))
     op.add_column("range_runs", sa.Column("skipped", sa.BigInteger(), nullable=False,

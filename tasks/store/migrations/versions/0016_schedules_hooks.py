@@ -8,13 +8,20 @@ Revises: 0014
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0016"
 down_revision = "0014"
 branch_labels = None
 depends_on = None
+# The ranges wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("range_runs", "range_job_schedules")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.add_column("range_runs", sa.Column("hook", sa.String(16), nullable=True))
     op.add_column("range_runs", sa.Column("hook_task", sa.String(64), nullable=True))
     op.add_column("range_runs", sa.Column("hook_sent_at", sa.DateTime(), nullable=True))

@@ -10,13 +10,20 @@ Revises: 0016
 import sqlalchemy as sa
 from alembic import op
 
+from tasks.store.migrations.gate import wanted
+
 revision = "0018"
 down_revision = "0016"
 branch_labels = None
 depends_on = None
+# The ranges wing's tables: created only while the wing is enabled (WINGS), and
+# replayed by the first `migrate` after it is turned on (tasks/store/migrations/gate.py).
+TABLES = ("range_runs", "range_run_input", "work_items")
 
 
 def upgrade() -> None:
+    if not wanted(TABLES):
+        return
     op.add_column("range_runs", sa.Column("planned_at", sa.DateTime(), nullable=True))
     op.add_column("work_items", sa.Column("collection_cursor", sa.Text(), nullable=True))
     op.create_table(
