@@ -162,11 +162,6 @@ class RestockPage(PageHandler):
         return "restock.html", {"page": "restock"}
 
 
-class LettersPage(PageHandler):
-    def page(self, *args: str) -> tuple[str, dict[str, Any]]:
-        return "letters.html", {"page": "letters", "kind": self.get_argument("kind", "")}
-
-
 class LetterPage(PageHandler):
     def page(self, *args: str) -> tuple[str, dict[str, Any]]:
         return "letter.html", {"page": "letter", "letter_id": int(args[0])}
@@ -300,7 +295,6 @@ ROUTES: list[tuple[str, type[RequestHandler]]] = [
     (r"/jobs", JobsPage),
     (rf"/jobs/{_JOB}", JobPage),
     (r"/restock", RestockPage),
-    (r"/deadletters", LettersPage),
     (rf"/deadletters/{_ID}", LetterPage),
     (r"/api/jobs", JobsApi),
     (rf"/api/jobs/{_JOB}", JobApi),

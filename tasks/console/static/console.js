@@ -4,26 +4,12 @@
 "use strict";
 
 (function () {
-  const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
-  const csrf = meta("csrf-token");
-  const refreshMs = Number(meta("refresh-ms")) || 1500;
+  const refreshMs = Number(document.querySelector('meta[name="refresh-ms"]').content) || 1500;
   const page = document.body.dataset.page;
 
-  function el(tag, props, ...children) {
-    const node = document.createElement(tag);
-    Object.entries(props || {}).forEach(([key, value]) => {
-      if (key === "dataset") Object.assign(node.dataset, value);
-      else if (key in node) node[key] = value;
-      else node.setAttribute(key, value);
-    });
-    children.flat().forEach((child) => {
-      if (child === null || child === undefined) return;
-      node.append(child instanceof Node ? child : String(child));
-    });
-    return node;
-  }
-
-  const td = (value, cls) => el("td", { className: cls || "" }, value);
+  // The helpers every page shares (static/pagekit.js, loaded first): nodes by textContent,
+  // the JSON API, POSTs with the session's CSRF token.
+  const { el, td, num, fill, bar, badge, flash, getJson, post } = window.rk;
 
   // A time as tasks/config/clock.py's `shown` writes it, in UTC with the zone named
   // ("2026-12-07 04:47:39 UTC"), from the API's ISO 8601 (or a Date); "-" for none.
@@ -32,47 +18,6 @@
     const date = when instanceof Date ? when : new Date(when);
     if (Number.isNaN(date.getTime())) return String(when);
     return `${date.toISOString().slice(0, 19).replace("T", " ")} UTC`;
-  }
-  const num = (value) => td(Number(value || 0).toLocaleString("en"), "num");
-  const fill = (tbody, rows) => tbody.replaceChildren(...rows);
-
-  function bar(share, label) {
-    const value = Math.max(0, Math.min(1, share || 0));
-    return el("span", { className: "bar" },
-      el("progress", { max: 1, value: value, title: label || "" }),
-      el("span", { className: "pct" }, `${(value * 100).toFixed(1)}%`));
-  }
-
-  function badge(state) {
-    return el("span", { className: `state state-${String(state).replace(/\W+/g, "-")}` }, state);
-  }
-
-  function flash(text, kind) {
-    const box = document.getElementById("flash");
-    box.className = kind || "";
-    box.textContent = text;
-  }
-
-  async function getJson(url) {
-    const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
-    if (response.status === 401) {
-      window.location.assign(`/login?next=${encodeURIComponent(window.location.pathname)}`);
-      throw new Error("logged out");
-    }
-    const body = await response.json();
-    if (!response.ok) throw new Error(body.error || response.statusText);
-    return body.data;
-  }
-
-  async function post(url, fields) {
-    const response = await fetch(url, {
-      method: "POST", credentials: "same-origin",
-      headers: { "X-CSRF-Token": csrf },
-      body: fields instanceof URLSearchParams ? fields : new URLSearchParams(fields || {}),
-    });
-    const body = await response.json().catch(() => ({}));
-    if (!response.ok) throw new Error(body.error || response.statusText);
-    return body.data;
   }
 
   // -- pages -------------------------------------------------------------------------------
@@ -251,26 +196,6 @@
     fill(document.querySelector("#nodes tbody"), data.flatMap(nodeRows));
   }
 
-  function letterRow(s) {
-    return el("tr", { dataset: { letter: s.id } },
-      td(el("a", { href: `/deadletters/${s.id}` }, s.id), "num"), td(s.kind), td(s.ref),
-      td(shown(s.created_at)), td(s.replay_task_id || "-"), td(s.reason, "reason"));
-  }
-
-  async function letters() {
-    const select = document.getElementById("kind");
-    const kind = select.value || select.dataset.kind || "";
-    const data = await getJson(`/api/deadletters?kind=${encodeURIComponent(kind)}`);
-    const kinds = Object.keys(data.counts).sort();
-    if (select.options.length !== kinds.length + 1) {
-      select.replaceChildren(el("option", { value: "" }, "all"),
-        ...kinds.map((k) => el("option", { value: k, selected: k === kind }, k)));
-    }
-    document.getElementById("counts").textContent = kinds.map(
-      (k) => `${k}: ${data.counts[k]}`).join(" · ") || "no dead letters";
-    fill(document.querySelector("#letters tbody"), data.letters.map(letterRow));
-  }
-
   async function letter() {
     const id = document.getElementById("letter").dataset.letter;
     const data = await getJson(`/api/deadletters/${id}`);
@@ -361,7 +286,7 @@
     });
   }
 
-  const pages = { jobs, job, restock, letters, letter };
+  const pages = { jobs, job, restock, letter };
   let timer = null;
 
   async function refresh() {

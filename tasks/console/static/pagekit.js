@@ -1,5 +1,5 @@
-// What the run, queue, dead-letter and upload pages share (a copy of the few helpers they need
-// from console.js, which fills the other pages): build nodes with textContent only (never
+// What every console page shares (base.html loads it before console.js and the pages' own
+// scripts): build nodes with textContent only (never
 // innerHTML), read the JSON API, POST with the session's CSRF token (X-CSRF-Token header),
 // poll a page every `refresh-ms`, redrawing only when its data changed. Times come from the
 // server already written in UTC ("2026-12-07 04:47:39 UTC"); the page's own clock is only
