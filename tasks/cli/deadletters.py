@@ -78,7 +78,7 @@ def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
         return
     console = console_for()
     if not letters:
-        console.print("no dead letters" + (f" of kind {kind}" if kind else ""))
+        console.print("no dead letters" + (f" of kind {kind!r}" if kind else ""))
         return
     console.print(letters_table(letters, console.width))
 
