@@ -124,7 +124,8 @@ def test_text_output_names_values_in_words(populated: dict[str, str]) -> None:
 
 JSON_COMMANDS = [
     (("status",), "status", "item"), (("jobs", "runs", "cm_data"), "run", "items"),
-    (("jobs", "run", "cm_sliced", "1"), "run", "item"), (("jobs", "schedules"), "schedule", "items"),
+    (("jobs", "run", "cm_sliced", "1"), "run", "item"),
+    (("jobs", "schedules"), "schedule", "items"),
     (("jobs", "schedule", "cm_data"), "schedule", "item"),
     (("jobs", "start", "cm_sliced", "--dry-run", "--param", "modulo=3"), "dry_run", "item"),
     (("jobs", "start", "cm_data"), "control", "item"),
