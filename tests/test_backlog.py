@@ -27,7 +27,7 @@ def _cli(env: dict[str, str], *args: str) -> str:
 
 
 def _queues(env: dict[str, str]) -> dict[str, dict[str, object]]:
-    return {q["name"]: q for q in json.loads(_cli(env, "status", "--json"))["queues"]}
+    return {q["name"]: q for q in json.loads(_cli(env, "status", "--json"))["item"]["queues"]}
 
 
 def test_status_shows_each_queues_backlog_and_the_age_of_its_oldest_message(

@@ -259,7 +259,7 @@ def test_the_api_serialises_the_views_the_cli_draws() -> None:
         "throttle_rows_per_s": None, "partitions": {}, "states": {}, "rows_skipped": 0}
     view = PartitionView("j", 0, 1, 100, "running", "w@h:1", 51, 40, 10.0, 3, 2, None,
                          datetime(2026, 1, 2, 3, 4, 5))
-    assert view.as_dict()["heartbeat_at"] == "2026-01-02T03:04:05"
+    assert view.as_dict()["heartbeat_at"] == "2026-01-02T03:04:05Z"
     assert (view.share, view.as_dict()["takeovers"]) == (0.5, 1)
 
 

@@ -5,6 +5,7 @@ again; bad ids and durations are refused with a clear line and change nothing.""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -71,17 +72,22 @@ def test_list_filters_by_kind_and_prints_json_and_show_hides_credentials(migrate
     table = letters_cli(env, "list")
     assert table.returncode == 0, table.stderr
     assert "t-1" in table.stdout and "cm_data:3" in table.stdout
-    lines = letters_cli(env, "list", "--kind", "task", "--json").stdout.splitlines()
-    assert [json.loads(line)["id"] for line in lines] == [task]
-    assert json.loads(lines[0])["replay_task_id"] is None
-    assert len(letters_cli(env, "list", "--json", "--limit", "1").stdout.splitlines()) == 1
+    listed = json.loads(letters_cli(env, "list", "--kind", "task", "--json").stdout)
+    assert (listed["version"], listed["kind"]) == (1, "dead_letter")
+    assert [x["id"] for x in listed["items"]] == [task]
+    assert listed["items"][0]["replay_task_id"] is None
+    assert listed["items"][0]["created_at"].endswith("Z")
+    assert len(json.loads(letters_cli(env, "list", "--json", "--limit", "1").stdout)["items"]) == 1
     assert "no dead letters of kind 'nope'" in letters_cli(env, "list", "--kind", "nope").stdout
     shown = letters_cli(env, "show", str(task))
-    assert shown.returncode == 0 and "replayable: True" in shown.stdout
+    assert shown.returncode == 0 and "replayable: yes" in shown.stdout
+    assert "replayed_at: -" in shown.stdout and re.search(r"created_at: \S+ \S+ UTC", shown.stdout)
     assert "hunter2" not in shown.stdout and "k-123" not in shown.stdout
     assert "postgresql://app:***@db/x" in shown.stdout
     as_json = json.loads(letters_cli(env, "show", str(part), "--json").stdout)
-    assert as_json["payload"] == {"job": "cm_data", "part": 3} and not as_json["replayable"]
+    assert (as_json["version"], as_json["kind"]) == (1, "dead_letter")
+    item = as_json["item"]
+    assert item["payload"] == {"job": "cm_data", "part": 3} and not item["replayable"]
 
 
 def test_show_bounds_a_large_payload(migrated: Any) -> None:
@@ -198,7 +204,7 @@ def test_a_replayed_poison_message_is_capped_again_and_replayed_once(migrated: A
     assert capped[0].replay_task_id == new_id and capped[0].replayed_at is not None
     assert capped[1].replay_task_id is None  # the new letter can be replayed in its turn
     assert int(client.get(f"sample:poison:{key}") or 0) == 4  # twice the cap of 2, nothing more
-    listed = [json.loads(line) for line in letters_cli(env, "list", "--json").stdout.splitlines()]
+    listed = json.loads(letters_cli(env, "list", "--json").stdout)["items"]
     assert {x["id"]: x["replay_task_id"] for x in listed} == {capped[0].id: new_id,
                                                              capped[1].id: None}
 

@@ -72,14 +72,16 @@ def _plan(engine: Engine) -> None:
 
 def _in_terminal(env: dict[str, str], args: list[str], columns: int = 80,
                  until: Callable[[bytes], bool] | None = None,
-                 timeout: float = 60) -> tuple[str, int | None]:
-    """Run `status ARGS` on a pseudo-terminal `columns` wide; return its output (colours
-    stripped) and exit code. With `until`, send SIGINT (Ctrl-C) once `until(output)` holds."""
+                 timeout: float = 60, command: tuple[str, ...] = ("status",)
+                 ) -> tuple[str, int | None]:
+    """Run `COMMAND ARGS` (`status` unless told) on a pseudo-terminal `columns` wide (and
+    COLUMNS saying so); return its output (colours stripped) and exit code. With `until`,
+    send SIGINT (Ctrl-C) once `until(output)` holds."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     term_env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
-    term_env["TERM"] = "xterm-256color"
-    proc = subprocess.Popen([sys.executable, "-m", "tasks", "status", *args], cwd=ROOT,
+    term_env.update(TERM="xterm-256color", COLUMNS=str(columns))
+    proc = subprocess.Popen([sys.executable, "-m", "tasks", *command, *args], cwd=ROOT,
                             env=term_env, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     chunks: list[bytes] = []
@@ -144,7 +146,10 @@ def test_json_is_one_object_with_jobs_partitions_nodes_and_letters(migrated: Any
                                                                  "kwargs": {}})
     run = status_cli(env, "--json")
     assert run.returncode == 0, run.stderr
-    data = json.loads(run.stdout)
+    envelope = json.loads(run.stdout)
+    assert (envelope["version"], envelope["kind"]) == (1, "status")
+    data = envelope["item"]
+    assert data["sections"] == ["ranges", "restock", "letters", "queues"]
     [job] = data["jobs"]
     assert job["job"] == JOB and job["state"] == "running"
     assert job["rows_done"] == 310_000 and job["ids_planned"] == 1_000_000
@@ -155,8 +160,11 @@ def test_json_is_one_object_with_jobs_partitions_nodes_and_letters(migrated: Any
     assert data["partitions"][3]["error"] == ERROR
     assert data["restock_nodes"][0]["node"] == 0
     assert data["dead_letters"]["counts"] == {"task": 1}
-    only = json.loads(status_cli(env, "--json", "--job", "nope").stdout)
+    assert data["dead_letters"]["recent"][0]["created_at"].endswith("Z")
+    assert data["partitions"][0]["heartbeat_at"].endswith("Z")
+    only = json.loads(status_cli(env, "--json", "--job", "nope").stdout)["item"]
     assert only["jobs"] == [] and only["partitions"] == []
+    assert "restock_nodes" not in only and only["sections"] == ["ranges"]
     both = status_cli(env, "--json", "--watch")
     assert both.returncode == 2 and "do not go together" in both.stderr
 
@@ -199,7 +207,7 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
     try:
 
         def running() -> list[dict[str, Any]]:
-            data = json.loads(status_cli(env, "--json").stdout)
+            data = json.loads(status_cli(env, "--json").stdout)["item"]
             return [p for p in data["partitions"] if p["status"] == "running" and p["owner"]]
 
         part = wait_until(running, 90, "a running partition")[0]
@@ -216,7 +224,7 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
         assert lifted.returncode == 0, lifted.stderr
 
         def finished() -> dict[str, Any] | None:
-            [job] = json.loads(status_cli(env, "--json").stdout)["jobs"]
+            [job] = json.loads(status_cli(env, "--json").stdout)["item"]["jobs"]
             return job if job["partitions"] == {"done": 2} else None
 
         job = wait_until(finished, 90, "every partition done")
@@ -224,7 +232,7 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
             # With a run history the run ends at the next reconcile round (beat's, here sent
             # by hand): the run's state is then the job's.
             app.send_task("tasks.ranges.reconcile").get(timeout=60)
-            job = json.loads(status_cli(env, "--json").stdout)["jobs"][0]
+            job = json.loads(status_cli(env, "--json").stdout)["item"]["jobs"][0]
     finally:
         worker.stop()
         app.close()
@@ -304,7 +312,7 @@ def test_a_partition_waiting_for_its_throttle_shows_the_wait() -> None:
         _view(0, "running", 50, 10, rate=5.0, throttled_for=3.0),
         _view(1, "running", 150, 10, rate=5.0, throttled_for=-1.0)]))
     lines = out.getvalue().splitlines()
-    assert any("running, throttled 3.0s" in line or "running, throttled 2.9s" in line
+    assert any("running, throttled 3 s" in line or "running, throttled 2.9 s" in line
                for line in lines), out.getvalue()
     assert sum("throttled" in line for line in lines) == 1  # a past wait is not shown
     assert format_eta(3725) == "1h02m" and format_eta(65) == "1m05s" and format_eta(None) == "-"
@@ -325,6 +333,10 @@ def test_status_exits_non_zero_with_one_line_when_redis_is_unreachable(
     assert run.returncode == 1, run.stdout[-500:]
     assert run.stdout == ""
     [line] = run.stderr.splitlines()
+    if args:  # under --json the refusal is the error envelope, its message the same line
+        refusal = json.loads(line)
+        assert (refusal["kind"], refusal["item"]["exit_code"]) == ("error", 1)
+        line = refusal["item"]["message"]
     assert line.startswith("cannot reach Redis (REDIS_URL=redis://:***@127.0.0.1:"), line
     assert "pw-never-shown" not in run.stderr
 
@@ -342,5 +354,7 @@ def test_status_exits_non_zero_with_one_line_when_the_database_is_unreachable(
     assert run.returncode == 1, run.stdout[-500:]
     assert run.stdout == ""
     [line] = run.stderr.splitlines()
-    assert line.startswith("cannot use DATABASE_URL="), line
+    refusal = json.loads(line)["item"]
+    assert refusal["message"].startswith("cannot use DATABASE_URL="), line
+    assert refusal["exit_code"] == 1
     assert "pw-never-shown" not in run.stderr and "Traceback" not in run.stderr

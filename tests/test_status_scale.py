@@ -58,7 +58,9 @@ def status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def status_json(env: dict[str, str], *args: str) -> dict[str, Any]:
     run = status(env, "--json", *args)
     assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout)  # type: ignore[no-any-return]
+    data = json.loads(run.stdout)
+    assert (data["version"], data["kind"]) == (1, "status")
+    return data["item"]  # type: ignore[no-any-return]
 
 
 def test_status_json_holds_the_totals_and_one_small_page(
@@ -71,7 +73,7 @@ def test_status_json_holds_the_totals_and_one_small_page(
     assert run.returncode == 0, run.stderr[-2000:]
     print(f"status --json at {COUNT:,} partitions: {len(run.stdout):,} bytes, {took:.2f} s")
     assert len(run.stdout.encode()) < 100_000
-    data = json.loads(run.stdout)
+    data = json.loads(run.stdout)["item"]
     [job] = data["jobs"]
     assert job["partitions"] == {"done": 6000, "failed": 1000, "paused": 1000,
                                  "pending": 1000, "running": 1000}
@@ -134,6 +136,9 @@ def test_a_bad_paging_flag_is_one_line_and_exit_1(
         assert run.returncode == 1 and run.stdout == ""
         [line] = run.stderr.splitlines()
         assert says in line, line
+        if extra:  # under --json the refusal is an error envelope too
+            assert json.loads(line) == {"version": 1, "kind": "error", "item": {
+                "message": json.loads(line)["item"]["message"], "exit_code": 1}}
 
 
 def _api(operator: Browserless, **params: Any) -> tuple[int, Any]:

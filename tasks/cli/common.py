@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -16,9 +17,13 @@ if TYPE_CHECKING:
     from tasks.store.resources import Resources
 
 __all__ = ["cli", "open_resources", "fail", "require_tables", "require_redis", "load_jobs",
-           "completion"]
+           "completion", "JSON_VERSION", "envelope", "emit", "error_json", "wants_json"]
 
 SHELLS = ("bash", "zsh", "fish")
+
+# The version of the `--json` envelope (README "JSON output"): bumped when a field of it changes
+# meaning or goes away; a new field inside an item does not bump it.
+JSON_VERSION = 1
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,9 +56,36 @@ def load_jobs() -> None:
     app.loader.import_default_modules()
 
 
+def envelope(kind: str, item: Any = None, items: Sequence[Any] | None = None) -> dict[str, Any]:
+    """Every `--json` output's one shape: `{"version": 1, "kind": KIND, "item": {...}}` for one
+    thing, `{"version": 1, "kind": KIND, "items": [...]}` for a list of things of KIND."""
+    if (item is None) == (items is None):
+        raise ValueError("an envelope holds either one item or a list of items")
+    body = {"item": item} if items is None else {"items": list(items)}
+    return {"version": JSON_VERSION, "kind": kind, **body}
+
+
+def emit(kind: str, item: Any = None, items: Sequence[Any] | None = None) -> None:
+    """Print `envelope(kind, item, items)` on stdout as one line of JSON (the envelope's keys
+    first, then each item's in the order its view writes them)."""
+    click.echo(json.dumps(envelope(kind, item, items)))
+
+
+def error_json(message: str, exit_code: int) -> str:
+    """A refusal under `--json`, on stderr: the same envelope, of kind `error`."""
+    return json.dumps(envelope("error", {"message": message, "exit_code": exit_code}))
+
+
+def wants_json() -> bool:
+    """Whether the running command was given `--json` (its refusals are then JSON too)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.params.get("as_json"))
+
+
 def fail(message: str) -> NoReturn:
-    """Print `message` on stderr and exit 1 (a clear refusal, not a usage error)."""
-    click.echo(message, err=True)
+    """Print `message` on stderr (under `--json`, as an `error` envelope) and exit 1: a clear
+    refusal, not a usage error."""
+    click.echo(error_json(message, 1) if wants_json() else message, err=True)
     sys.exit(1)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -32,8 +31,13 @@ def migrate() -> None:
                f"{'' if len(applied) == 1 else 's'} applied)")
 
 
+# `status`'s sections, in the order it prints them (`--section`).
+SECTIONS = ("ranges", "restock", "letters", "queues")
+
+
 @click.command()
-@click.option("--job", default=None, help="only this range job's partitions")
+@click.option("--job", default=None, help="only this range job (and, unless --section says "
+              "otherwise, only the range section)")
 @click.option("--state", "states", multiple=True, metavar="STATE",
               help="only partitions in STATE (running, pending, failed, paused, done, empty;"
                    " repeat or comma-separate for several)")
@@ -45,20 +49,25 @@ def migrate() -> None:
 @click.option("--after", default=None, metavar="CURSOR",
               help="the page after CURSOR (the `next` a page names; JOB:PART, or an offset "
                    "with --slowest)")
+@click.option("--section", "sections", multiple=True, metavar="SECTION",
+              help=f"only these sections ({', '.join(SECTIONS)}; repeat or comma-separate); "
+                   "default all, or ranges alone with a range filter")
 @click.option("--json", "as_json", is_flag=True,
-              help="one JSON object: jobs, a page of partitions, restock nodes, dead letters")
+              help="one JSON envelope of kind status: jobs, a page of partitions, restock "
+                   "nodes, dead letters, queues")
 @click.option("--watch", type=click.FloatRange(min=0.2), is_flag=False, flag_value=2.0,
               default=None, metavar="[SECONDS]",
               help="refresh every SECONDS (default 2) until Ctrl-C")
 def status(job: str | None, states: tuple[str, ...], owner: str | None, slowest: bool,
-           limit: str | None, after: str | None, as_json: bool, watch: float | None) -> None:
-    """Range jobs (totals per partition state) and one page of their partitions, restock nodes
-    and dead letters.
+           limit: str | None, after: str | None, sections: tuple[str, ...], as_json: bool,
+           watch: float | None) -> None:
+    """Range jobs (totals per partition state) and one page of their partitions, restock nodes,
+    dead letters and queue backlogs.
 
     Exits 1 with one line on stderr when a filter or cursor is not valid, or when the
     database or REDIS_URL does not answer (the compose and k8s readiness probes run
     `status --json`)."""
-    from tasks.cli.common import fail
+    from tasks.cli.common import emit, fail
     from tasks.cli.render import console_for
     from tasks.cli.render import watch as redraw
     from tasks.ranges.paging import InvalidPage, PartitionQuery
@@ -69,43 +78,68 @@ def status(job: str | None, states: tuple[str, ...], owner: str | None, slowest:
         query = PartitionQuery.parse(job, states, owner, slowest, limit, after)
     except InvalidPage as exc:
         fail(f"status: {exc}")
+    shown = _sections(sections, query)
     load_jobs()  # a bad EXTRA_TASK_MODULES is reported here as in `jobs`, not ignored
     with open_resources() as res:
         require_tables(res)
         require_redis(res)
         if as_json:
-            click.echo(json.dumps(_snapshot_json(res, query), sort_keys=True, default=str))
+            emit("status", item=_snapshot_json(res, query, shown))
             return
         console = console_for()
         if watch is None:
-            console.print(_snapshot(res, query, console.width))
+            console.print(_snapshot(res, query, shown, console.width))
             return
-        redraw(console, lambda: _snapshot(res, query, console.width), watch)
+        redraw(console, lambda: _snapshot(res, query, shown, console.width), watch)
 
 
-def _views(res: Resources, query: PartitionQuery) -> tuple[Any, Any, Any, int]:
-    from tasks.deadletters.view import letters_view
-    from tasks.ranges.paging import partition_page
-    from tasks.ranges.status import job_summaries
+def _sections(given: tuple[str, ...], query: PartitionQuery) -> tuple[str, ...]:
+    """The sections `status` shows: those named, else every one, else (with a range filter)
+    the range section alone. An unknown name ends the command with one line."""
+    from tasks.cli.common import fail
+
+    named = [s.strip() for item in given for s in item.split(",") if s.strip()]
+    unknown = [s for s in named if s not in SECTIONS]
+    if unknown:
+        fail(f"status: --section {unknown[0][:40]!r} is not one of {', '.join(SECTIONS)}")
+    if named:
+        return tuple(s for s in SECTIONS if s in named)
+    ranged = query.job is not None or query.filtered
+    return ("ranges",) if ranged else SECTIONS
+
+
+def _views(res: Resources, query: PartitionQuery, shown: tuple[str, ...]) -> dict[str, Any]:
+    """What each shown section reads (nothing for the others)."""
     from tasks.restock.clock import wall_ms
-    from tasks.restock.settings import restock_settings
-    from tasks.restock.shards import stock_shards
-    from tasks.restock.status import shard_views
 
-    page = partition_page(res.sessions, query)
-    now = wall_ms()
-    queues = restock_settings(res.settings).queue_names
-    nodes = shard_views(res.sessions, stock_shards(res), queues, now)
-    return (page, job_summaries(res.sessions, query.job), (nodes, letters_view(res.sessions)),
-            now)
+    views: dict[str, Any] = {"now": wall_ms()}
+    if "ranges" in shown:
+        from tasks.ranges.paging import partition_page
+        from tasks.ranges.status import job_summaries
+
+        views["ranges"] = (partition_page(res.sessions, query),
+                           job_summaries(res.sessions, query.job))
+    if "restock" in shown:
+        from tasks.restock.settings import restock_settings
+        from tasks.restock.shards import stock_shards
+        from tasks.restock.status import shard_views
+
+        queues = restock_settings(res.settings).queue_names
+        views["restock"] = shard_views(res.sessions, stock_shards(res), queues, views["now"])
+    if "letters" in shown:
+        from tasks.deadletters.view import letters_view
+
+        views["letters"] = letters_view(res.sessions)
+    if "queues" in shown:
+        views["queues"] = _backlog()
+    return views
 
 
-def _snapshot(res: Resources, query: PartitionQuery, width: int) -> RenderableType:
-    from tasks.cli.render import status_renderable, with_queues
+def _snapshot(res: Resources, query: PartitionQuery, shown: tuple[str, ...],
+              width: int) -> RenderableType:
+    from tasks.cli.render import status_renderable
 
-    page, summaries, (nodes, letters), now = _views(res, query)
-    return with_queues(status_renderable(page, summaries, nodes, letters, now, width),
-                       _backlog())
+    return status_renderable(_views(res, query, shown), width)
 
 
 def _backlog() -> list[dict[str, Any]] | None:
@@ -123,11 +157,23 @@ def _backlog() -> list[dict[str, Any]] | None:
         return None
 
 
-def _snapshot_json(res: Resources, query: PartitionQuery) -> dict[str, Any]:
+def _snapshot_json(res: Resources, query: PartitionQuery,
+                   shown: tuple[str, ...]) -> dict[str, Any]:
+    """The item of `status --json`: the shown sections' keys (jobs, partitions and page;
+    restock_nodes; dead_letters; queues) and `sections`, naming them."""
     from tasks.deadletters.view import letters_json
     from tasks.ranges.paging import ranges_json
     from tasks.restock.status import shards_json
 
-    page, summaries, (nodes, letters), now = _views(res, query)
-    return {**ranges_json(summaries, page), "restock_nodes": shards_json(nodes, now),
-            "dead_letters": letters_json(letters), "queues": _backlog()}
+    views = _views(res, query, shown)
+    item: dict[str, Any] = {"sections": list(shown)}
+    if "ranges" in views:
+        page, summaries = views["ranges"]
+        item.update(ranges_json(summaries, page))
+    if "restock" in views:
+        item["restock_nodes"] = shards_json(views["restock"], views["now"])
+    if "letters" in views:
+        item["dead_letters"] = letters_json(views["letters"])
+    if "queues" in views:
+        item["queues"] = views["queues"]
+    return item

@@ -6,14 +6,14 @@ store's refusals into one line on stderr and exit code 1 (nothing changed).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from tasks.cli.common import fail, open_resources, require_tables
+from tasks.cli.common import emit, fail, open_resources, require_tables
+from tasks.cli.words import when_iso, word
 from tasks.config.envparse import parse_duration, spoken_duration
 from tasks.config.settings import redact
 from tasks.deadletters.view import (
@@ -65,7 +65,8 @@ def deadletters() -> None:
 @click.option("--kind", default=None, help="only letters of this kind (e.g. task)")
 @click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50,
               show_default=True, help="newest letters to list")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+@click.option("--json", "as_json", is_flag=True,
+              help="one JSON envelope: kind dead_letter, the letters as items")
 def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
     """The newest dead letters, without their payloads."""
     from tasks.cli.render import console_for, letters_table
@@ -73,21 +74,22 @@ def list_letters(kind: str | None, limit: int, as_json: bool) -> None:
     with _store() as store:
         letters = store.recent(limit, kind)
     if as_json:
-        for s in letters:
-            click.echo(json.dumps(summary_dict(s), sort_keys=True))
+        emit("dead_letter", items=[summary_dict(s) for s in letters])
         return
     console = console_for()
     if not letters:
         console.print("no dead letters" + (f" of kind {kind!r}" if kind else ""))
         return
-    console.print(letters_table(letters))
+    console.print(letters_table(letters, console.width))
 
 
 @deadletters.command()
 @click.argument("letter_id", metavar="ID", type=click.IntRange(min=1))
-@click.option("--json", "as_json", is_flag=True, help="the letter as one JSON object")
+@click.option("--json", "as_json", is_flag=True,
+              help="one JSON envelope: kind dead_letter, the letter as its item")
 def show(letter_id: int, as_json: bool) -> None:
     """One letter with its payload (credentials hidden, at most SHOW_LIMIT characters)."""
+    from tasks.cli.render import print_lines
     from tasks.deadletters.store import replay_refusal
 
     with _store() as store:
@@ -97,13 +99,14 @@ def show(letter_id: int, as_json: bool) -> None:
     facts = letter_facts(letter)
     if as_json:
         # The payload as an object, or as its cut text when it is longer than SHOW_LIMIT.
-        click.echo(json.dumps({**facts, "payload": payload if cut else shown,
-                               "payload_cut": cut}, sort_keys=True, default=str))
+        emit("dead_letter", item={**facts, "payload": payload if cut else shown,
+                                  "payload_cut": cut})
         return
-    for name, value in facts.items():
-        click.echo(f"{name}: {value}")
+    lines = [f"{name}: {when_iso(value) if name.endswith('_at') else word(value)}"
+             for name, value in facts.items()]
     if refusal is not None:
-        click.echo(f"not replayable: {refusal}")
+        lines.append(f"not replayable: {refusal}")
+    print_lines(lines)
     click.echo("payload:")
     click.echo(payload)
 

@@ -17,7 +17,6 @@ changed nothing. Each control is recorded with `user@host` as the one who asked.
 from __future__ import annotations
 
 import getpass
-import json
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +24,8 @@ from typing import Any
 
 import click
 
-from tasks.cli.common import fail, open_resources, require_tables
+from tasks.cli.common import emit, fail, open_resources, require_tables
+from tasks.cli.words import duration, pairs, when, when_iso, word
 
 __all__ = ["jobs", "actor"]
 
@@ -65,11 +65,12 @@ def _control(verb: Callable[..., dict[str, Any]], *args: Any, as_json: bool = Fa
         require_tables(res)
         report = verb(*args, actor())
     if as_json:
-        click.echo(json.dumps(report, default=str))
+        emit("control", item=report)
         return
     shown = {k: v for k, v in report.items() if k not in ("job", "run", "state")
-             and v not in (None, False, 0, [])}
-    extra = ", ".join(f"{k} {v}" for k, v in shown.items())
+             and v not in (None, False, 0, [], {})}
+    extra = "; ".join(f"{k.replace('_per_s', '/s').replace('_', ' ')} {word(v)}"
+                      for k, v in shown.items())
     click.echo(f"{report['job']} run {report['run']}: {report.get('state', 'running')}"
                + (f" ({extra})" if extra else ""))
 
@@ -99,7 +100,8 @@ def _controls() -> Any:
 @click.option("--csv", "csv_path", metavar="PATH",
               help="A CSV job's input: a header line, then one record per item; read and "
                    "checked whole before anything is written, stored with the run.")
-@click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON envelope: kind control (kind dry_run with --dry-run).")
 def start(job: str, pairs: tuple[str, ...], dry_run: bool, csv_path: str | None,
           as_json: bool) -> None:
     """Start JOB: a new run unless one is running (what tasks.ranges.start does)."""
@@ -124,7 +126,7 @@ def start(job: str, pairs: tuple[str, ...], dry_run: bool, csv_path: str | None,
 
 def _dry_run(job: str, given: dict[str, str] | None, as_json: bool) -> None:
     """`start --dry-run`: reads only (no Redis, no run, no lease, no work row)."""
-    from tasks.cli.render import dry_run_lines
+    from tasks.cli.render import dry_run_lines, print_lines
     from tasks.ranges.dryrun import dry_run
     from tasks.ranges.jobs import get_job
     from tasks.ranges.params import values_of
@@ -135,10 +137,9 @@ def _dry_run(job: str, given: dict[str, str] | None, as_json: bool) -> None:
         params, stored = found.make_params(given)
         report = dry_run(res.sessions, found, params, values_of(stored))
     if as_json:
-        click.echo(json.dumps(report.as_dict()))
+        emit("dry_run", item=report.as_dict())
         return
-    for line in dry_run_lines(report.as_dict()):
-        click.echo(line)
+    print_lines(dry_run_lines(report.as_dict()))
 
 
 @jobs.command()
@@ -207,53 +208,60 @@ def _run_json(run: Any, events: list[Any]) -> dict[str, Any]:
 
 
 def _run_line(run: Any) -> str:
-    from tasks.ranges.params import as_text, values_of
-    from tasks.ranges.status import format_eta
+    from tasks.ranges.params import values_of
 
     d = run.as_dict()
-    cap = f"{run.rows_per_s:g} rows/s" if run.rows_per_s else "-"
-    return (f"run {d['run']}  {run.state:<9}  started {d['started_at']} by "
-            f"{run.started_by or '?'}  finished {d['finished_at'] or '-'}  duration "
-            f"{format_eta(d['duration_s'])}  rows {run.rows:,}  skipped {run.skipped:,}  "
-            f"throttle {cap}" + (f"  params {as_text(values_of(run.params))}"
+    cap = f"{word(run.rows_per_s)} rows/s" if run.rows_per_s else "-"
+    return (f"run {d['run']}  {run.state:<9}  started {when(run.started_at)} by "
+            f"{run.started_by or '-'}  finished {when(run.finished_at)}  duration "
+            f"{duration(d['duration_s'])}  rows {run.rows:,}  skipped {run.skipped:,}  "
+            f"throttle {cap}" + (f"  params {pairs(values_of(run.params))}"
                                  if run.params else ""))
+
+
+def _event_line(at: str | None, verb: str, actor: str, detail: str | None) -> str:
+    first = detail.splitlines()[0] if detail else ""
+    return f"    {when_iso(at)}  {verb:<12} by {actor}" + (f"  ({first})" if first else "")
 
 
 @jobs.command()
 @click.argument("job")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000),
               help="How many runs, newest first.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document (runs and events).")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON envelope: kind run, the runs (with their events) as items.")
 def runs(job: str, limit: int, as_json: bool) -> None:
     """The run history of JOB: each run's number, state, who started it, times and duration,
     rows, skipped rows, throttle, parameters, and who asked for what (a failed partition's
     error; `jobs run JOB N` shows its traceback)."""
+    from tasks.cli.render import print_lines
     from tasks.ranges.failures import first_line
     from tasks.ranges.runs import runs_of
 
     name, found, events = _history(job, lambda s, n: runs_of(s, n, limit))
     if as_json:
-        click.echo(json.dumps({"job": name, "runs": [_run_json(r, events[r.id])
-                                                     for r in found]}))
+        emit("run", items=[_run_json(r, events[r.id]) for r in found])
         return
     if not found:
         click.echo(f"{name}: no runs yet (start it: python -m tasks jobs start {name})")
         return
+    lines = []
     for r in found:
-        click.echo(_run_line(r))
-        for e in events[r.id]:
-            detail = first_line(e.detail)
-            click.echo(f"    {e.as_dict()['at']}  {e.verb:<12} by {e.actor}"
-                       + (f"  ({detail})" if detail else ""))
+        lines.append(_run_line(r))
+        lines += [_event_line(e.as_dict()["at"], e.verb, e.actor, first_line(e.detail))
+                  for e in events[r.id]]
+    print_lines(lines)
 
 
 @jobs.command("run")
 @click.argument("job")
 @click.argument("number", type=click.IntRange(min=1))
-@click.option("--json", "as_json", is_flag=True, help="The run as one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON envelope: kind run, the run (events, failures) as its item.")
 def run_detail(job: str, number: int, as_json: bool) -> None:
     """Run NUMBER of JOB in detail: its history line, its events, and each failed
     partition's error with its traceback."""
+    from tasks.cli.render import print_lines
     from tasks.ranges.runs import run_numbered
 
     def read(sessions: Any, name: str) -> list[Any]:
@@ -265,16 +273,15 @@ def run_detail(job: str, number: int, as_json: bool) -> None:
         fail(f"{name} has no run {number} (python -m tasks jobs runs {name} lists its runs)")
     detail = _run_json(found[0], events[found[0].id])
     if as_json:
-        click.echo(json.dumps(detail))
+        emit("run", item=detail)
         return
-    click.echo(_run_line(found[0]))
-    for e in detail["events"]:
-        click.echo(f"    {e['at']}  {e['verb']:<12} by {e['actor']}"
-                   + (f"  ({e['detail'].splitlines()[0]})" if e["detail"] else ""))
+    print_lines([_run_line(found[0]), *(_event_line(e["at"], e["verb"], e["actor"], e["detail"])
+                                        for e in detail["events"])])
     for f in detail["failures"]:
-        click.echo(f"part {f['part']} failed at {f['at']} on {f['by']}: {f['error']}")
+        print_lines([f"part {f['part']} failed at {when_iso(f['at'])} on {f['by']}: "
+                     f"{f['error']}"])
         for line in (f["traceback"] or "(no traceback kept)").splitlines():
-            click.echo(f"    {line}")
+            click.echo(f"    {line}")  # a traceback keeps its lines as Python wrote them
 
 
 @jobs.command()
@@ -286,7 +293,8 @@ def run_detail(job: str, number: int, as_json: bool) -> None:
 @click.option("--missed", default="once", show_default=True,
               help="Due times missed while no beat ran: run once, or skip them.")
 @click.option("--clear", is_flag=True, help="No more scheduled runs of JOB (until set again).")
-@click.option("--json", "as_json", is_flag=True, help="The schedule as one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON envelope: kind schedule, the schedule as its item.")
 def schedule(job: str, cron: str | None, policy: str, missed: str, clear: bool,
              as_json: bool) -> None:
     """Set, change (JOB CRON), clear (JOB --clear) or show (JOB) JOB's cron schedule (UTC;
@@ -307,13 +315,14 @@ def schedule(job: str, cron: str | None, policy: str, missed: str, clear: bool,
         shown = [v for v in views(res.sessions, registered_jobs()) if v["job"] == found.name]
     view = shown[0] if shown else {"job": found.name, "cron": None}
     if as_json:
-        click.echo(json.dumps(view))
+        emit("schedule", item=view)
         return
-    click.echo(_schedule_line(view))
+    _print_schedules([view])
 
 
 @jobs.command()
-@click.option("--json", "as_json", is_flag=True, help="One JSON list.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON envelope: kind schedule, the schedules as items.")
 def schedules(as_json: bool) -> None:
     """Every range job's cron schedule: policies, next due time, last fire."""
     from tasks.ranges.jobs import registered_jobs
@@ -324,22 +333,27 @@ def schedules(as_json: bool) -> None:
         require_tables(res)
         found = views(res.sessions, registered_jobs())
     if as_json:
-        click.echo(json.dumps(found))
+        emit("schedule", items=found)
         return
     if not found:
         click.echo("no schedules (set one: python -m tasks jobs schedule JOB \"0 2 * * *\")")
-    for view in found:
-        click.echo(_schedule_line(view))
+    _print_schedules(found)
+
+
+def _print_schedules(found: list[dict[str, Any]]) -> None:
+    from tasks.cli.render import print_lines
+
+    print_lines([_schedule_line(view) for view in found])
 
 
 def _schedule_line(view: dict[str, Any]) -> str:
     if view.get("cron") is None:
         return f"{view['job']}: no schedule"
     line = (f"{view['job']}: \"{view['cron']}\" UTC  policy {view['policy']}  missed "
-            f"{view['missed']}  next {view['next_due'] or '-'}  ({view['source']})")
+            f"{view['missed']}  next {when_iso(view['next_due'])}  ({view['source']})")
     if view.get("queued"):
-        line += f"  queued {view['queued']}"
+        line += f"  queued {when_iso(view['queued'])}"
     if view.get("last_outcome"):
-        line += (f"  last {view['last_due']}: {view['last_outcome']}  fired {view['fired']}"
-                 f"  skipped {view['skipped']}")
+        line += (f"  last {when_iso(view['last_due'])}: {view['last_outcome']}  fired "
+                 f"{word(view['fired'])}  skipped {word(view['skipped'])}")
     return line

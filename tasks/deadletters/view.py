@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.config.clock import iso
 from tasks.deadletters.store import DeadLetters, Letter, Summary, redact_payload, replay_refusal
 
 __all__ = ["RECENT_LETTERS", "LettersView", "letters_view", "letters_json", "summary_dict",
@@ -53,20 +54,20 @@ def letters_json(view: LettersView) -> dict[str, Any]:
     """The `dead_letters` of `status --json`."""
     return {"total": view.total, "counts": dict(sorted(view.counts.items())),
             "recent": [{"id": s.id, "kind": s.kind, "ref": s.ref, "reason": s.reason,
-                        "created_at": s.created_at.isoformat(),
+                        "created_at": iso(s.created_at),
                         "replay_task_id": s.replay_task_id} for s in view.recent]}
 
 
-def summary_dict(letter: Summary | Letter, timespec: str = "auto") -> dict[str, Any]:
+def summary_dict(letter: Summary | Letter, timespec: str = "seconds") -> dict[str, Any]:
     """A letter without its payload as JSON-able values (`deadletters list --json`, the
-    console's list; the console shows times to the second)."""
+    console's list), its times in ISO 8601 with their zone (`tasks.config.clock.iso`)."""
     return {"id": letter.id, "kind": letter.kind, "ref": letter.ref, "reason": letter.reason,
-            "created_at": letter.created_at.isoformat(timespec=timespec),
-            "replayed_at": letter.replayed_at.isoformat(timespec=timespec)
-            if letter.replayed_at else None, "replay_task_id": letter.replay_task_id}
+            "created_at": iso(letter.created_at, timespec),
+            "replayed_at": iso(letter.replayed_at, timespec),
+            "replay_task_id": letter.replay_task_id}
 
 
-def letter_facts(letter: Letter, timespec: str = "auto") -> dict[str, Any]:
+def letter_facts(letter: Letter, timespec: str = "seconds") -> dict[str, Any]:
     """`summary_dict` and whether the letter can be replayed now, in the order `deadletters
     show` prints them."""
     summary = summary_dict(letter, timespec)

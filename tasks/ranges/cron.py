@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 
 from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
+from tasks.config.clock import iso
 from tasks.store.validate import InvalidArguments, quote
 
 __all__ = ["POLICIES", "MISSED", "Cron", "Due", "InvalidSchedule", "parse_cron",
@@ -130,7 +131,3 @@ def due_at(cron: Cron, first: datetime, now: datetime, grace: float) -> Due | No
     latest, count = cron.passed(first, now)
     return Due(latest, count, now - latest > timedelta(seconds=grace), cron.after(now))
 
-
-def iso(when: datetime | None) -> str | None:
-    """A stored (naive UTC) time as ISO text with its Z, to the millisecond."""
-    return when.isoformat(timespec="milliseconds") + "Z" if when is not None else None

@@ -23,6 +23,7 @@ from sqlalchemy import CursorResult, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
+from tasks.config.clock import iso
 from tasks.ranges.keys import range_control_key, range_lease_name, range_schedule_name
 from tasks.ranges.params import values_of
 from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS, SCHEDULES, WORK, RunState
@@ -71,7 +72,7 @@ class Run:
 
     def as_dict(self) -> dict[str, Any]:
         return {"run": self.shown, "id": self.id, "job": self.job, "state": self.state,
-                "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+                "started_at": iso(self.started_at), "finished_at": iso(self.finished_at),
                 "duration_s": round(self.duration_s(), 3), "started_by": self.started_by,
                 "rows": self.rows, "skipped": self.skipped, "rows_per_s": self.rows_per_s,
                 "params": values_of(self.params)}
@@ -86,7 +87,7 @@ class Event:
     detail: str | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"verb": self.verb, "actor": self.actor, "at": _iso(self.at),
+        return {"verb": self.verb, "actor": self.actor, "at": iso(self.at),
                 "detail": self.detail}
 
 
@@ -97,10 +98,6 @@ def writing(sessions: sessionmaker[Session]) -> Iterator[Session]:
     with sessions.begin() as session:
         session.connection(execution_options=WRITE_INTENT)
         yield session
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat(timespec="seconds") + "Z" if value is not None else None
 
 
 def run_rows(session: Session, job: str) -> int:

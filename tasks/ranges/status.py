@@ -32,6 +32,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 
+from tasks.config.clock import iso
 from tasks.ranges.tables import WORK, PartitionStatus
 from tasks.ranges.workrow import every_partition
 
@@ -87,7 +88,7 @@ class PartitionView:
         out = asdict(self)
         for name in ("heartbeat_at", "throttled_until"):
             value = getattr(self, name)
-            out[name] = value.isoformat() if value else None
+            out[name] = iso(value)
         out["takeovers"] = self.takeovers
         return out
 

@@ -34,12 +34,12 @@ from sqlalchemy import insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from tasks.config.clock import iso
 from tasks.ranges.controls import Overtaken, Then
 from tasks.ranges.cron import (
     Due,
     InvalidSchedule,
     due_at,
-    iso,
     parse_cron,
     validate_missed,
     validate_policy,

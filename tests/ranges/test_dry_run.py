@@ -49,7 +49,7 @@ def test_dry_run_writes_nothing_and_estimates_within_20_percent(
     assert snapshot(engine, client) == before
     assert runs(engine, "cm_sliced") == []
     client.close()
-    plan = json.loads(out.stdout)
+    plan = json.loads(out.stdout)["item"]
     assert plan["job"] == "cm_sliced" and plan["params"]["modulo"] == 3
     assert plan["partitions_total"] == ROWS // 2000
     real = _matching(engine, 1, ROWS)

@@ -187,7 +187,7 @@ def test_two_runs_with_different_params_reach_process_and_are_recorded_and_shown
     assert (first.rows, second.rows) == (1500, 1500)
     history = jobs_cli(cluster, "runs", "cm_sliced", "--json")
     assert history.returncode == 0, history.stderr
-    shown = [r["params"] for r in json.loads(history.stdout)["runs"]]
+    shown = [r["params"] for r in json.loads(history.stdout)["items"]]
     assert [p["label"] for p in shown] == ["odd", "even"]
     assert shown[1]["since"] == "2026-01-01" and shown[0]["loud"] is True
     text = jobs_cli(cluster, "runs", "cm_sliced")

@@ -105,7 +105,7 @@ def test_a_second_run_counts_only_its_own_rows_progress_and_eta(
     cluster.worker("b")
 
     def midway() -> dict[str, Any] | None:
-        [job] = json.loads(cli(cluster, "status", "--json").stdout)["jobs"]
+        [job] = json.loads(cli(cluster, "status", "--json").stdout)["item"]["jobs"]
         return job if job["rows_done"] >= 200 and job["eta_s"] is not None else None
 
     job = wait_until(midway, 60, "run 2 under way")
@@ -114,14 +114,14 @@ def test_a_second_run_counts_only_its_own_rows_progress_and_eta(
     assert job["eta_s"] > 0
     text = cli(cluster, "status").stdout
     assert "(run 2)" in text and "100.0%" not in text, text
-    history = json.loads(jobs_cli(cluster, "runs", "cm_data", "--json").stdout)["runs"]
+    history = json.loads(jobs_cli(cluster, "runs", "cm_data", "--json").stdout)["items"]
     assert [r["run"] for r in history] == [2, 1]
     assert 200 <= history[0]["rows"] < 1000 and history[1]["rows"] == 3000
     cluster.throttle(0)
     wait_until(lambda: [r.state for r in runs(engine)] == [RunState.SUCCEEDED] * 2, 60,
                "run 2 succeeded")
     assert [r.rows for r in runs(engine)] == [3000, 1000]
-    [job] = json.loads(cli(cluster, "status", "--json").stdout)["jobs"]
+    [job] = json.loads(cli(cluster, "status", "--json").stdout)["item"]["jobs"]
     assert (job["rows_done"], job["ids_walked"], job["eta_s"]) == (1000, 3000, None)
     counts = processed(engine)
     assert all(counts[i] == (2 if i <= 1000 else 1) for i in counts)
@@ -147,7 +147,7 @@ def test_a_failed_partition_shows_its_error_and_traceback(
     assert "run 1  failed" in listed.stdout and "by task:" in listed.stdout
     assert "partition-failed by " in listed.stdout and "(part 1: ValueError: boom)" in listed.stdout
     assert "Traceback" not in listed.stdout  # one line per event in the list
-    detail = json.loads(jobs_cli(cluster, "run", "cm_flaky", "1", "--json").stdout)
+    detail = json.loads(jobs_cli(cluster, "run", "cm_flaky", "1", "--json").stdout)["item"]
     assert (detail["run"], detail["state"], detail["rows"]) == (1, RunState.FAILED, 3000)
     assert detail["duration_s"] > 0 and detail["started_by"].startswith("task:")
     [failure] = detail["failures"]
@@ -198,7 +198,7 @@ def test_skipped_rows_are_counted_and_each_retried_once(
     assert (run.rows, run.skipped) == (1997, 3)
     assert [(json.loads(r.payload)["row_id"], json.loads(r.payload)["run"])
             for r in skip_letters(engine)] == [(5, run.id), (50, run.id), (1500, run.id)]
-    [job] = json.loads(cli(cluster, "status", "--json").stdout)["jobs"]
+    [job] = json.loads(cli(cluster, "status", "--json").stdout)["item"]["jobs"]
     assert (job["rows_done"], job["rows_skipped"]) == (1997, 3)
     # Row 5 is fixed, 50 is still bad, 1500 no longer matches the job's filter: 5 runs once
     # more, 50 is quarantined again, 1500 is not touched.
