@@ -232,3 +232,54 @@ def test_a_worker_starts_with_restock_off(databases: Callable[[str], Database],
         assert "tasks.restock." not in out and "restock" not in out.split("[tasks]")[0]
     finally:
         worker.stop()
+
+
+def _cli(db: Database, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tasks", *args], env=db.env(**extra), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_status_and_jobs_show_only_the_wings_that_are_on(
+        databases: Callable[[str], Database]) -> None:
+    """`status` leaves out the section of a wing that is off (its tables may not exist) and
+    says so in one line when asked for it; `jobs` with the ranges wing off refuses likewise."""
+    db = databases("sqlite")
+    assert db.migrate(WINGS="restock").returncode == 0
+    shown = _cli(db, "status", "--json", WINGS="restock")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["item"]["sections"] == ["restock", "letters", "queues"]
+    asked = _cli(db, "status", "--section", "ranges", WINGS="restock")
+    assert asked.returncode == 1
+    assert asked.stderr.strip() == ("status: the ranges wing is off (WINGS), so it has no "
+                                    "section to show")
+    refused = _cli(db, "jobs", "runs", "cm_data", WINGS="restock")
+    assert refused.returncode == 1 and "the ranges wing is off (WINGS)" in refused.stderr
+    assert "Traceback" not in refused.stderr + asked.stderr
+
+    other = databases("sqlite")
+    assert other.migrate(WINGS=NO_RESTOCK).returncode == 0
+    shown = _cli(other, "status", "--json", WINGS=NO_RESTOCK)
+    assert shown.returncode == 0, shown.stderr
+    item = json.loads(shown.stdout)["item"]
+    assert item["sections"] == ["ranges", "letters", "queues"] and "restock_nodes" not in item
+    text_out = _cli(other, "status", WINGS=NO_RESTOCK)
+    assert text_out.returncode == 0 and "never rebuilt" not in text_out.stdout
+
+
+def test_the_console_hides_and_refuses_the_restock_views_with_restock_off(
+        tmp_path: Path) -> None:
+    from tests.test_console_http import Browserless, console_env, start_console
+
+    proc, base = start_console(console_env(tmp_path / "c.sqlite", WINGS=NO_RESTOCK))
+    try:
+        browser = Browserless(base)
+        assert browser.login().status == 302
+        page = browser.request("/jobs")
+        assert page.status == 200 and 'href="/queues"' in page.body
+        assert 'href="/restock"' not in page.body
+        for path in ("/restock", "/api/restock"):
+            answer = browser.request(path)
+            assert answer.status == 404, (path, answer.status)
+            assert "the restock wing is off (WINGS)" in answer.body
+    finally:
+        proc.stop()

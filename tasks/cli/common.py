@@ -113,7 +113,7 @@ def require_tables(res: Resources) -> None:
     """Exit with a clear line when the platform's tables were never created."""
     from sqlalchemy import inspect
 
-    if not inspect(res.engine).has_table("work_items"):
+    if not inspect(res.engine).has_table("dead_letters"):  # the core's: whatever WINGS says
         fail("the database has no platform tables yet: run `python -m tasks migrate`")
 
 

@@ -33,6 +33,8 @@ def migrate() -> None:
 
 # `status`'s sections, in the order it prints them (`--section`).
 SECTIONS = ("ranges", "restock", "letters", "queues")
+# The sections that are a wing's (shown only while the wing of that name is on).
+WING_SECTIONS = ("ranges", "restock")
 
 
 @click.command()
@@ -97,15 +99,21 @@ def _sections(given: tuple[str, ...], query: PartitionQuery) -> tuple[str, ...]:
     """The sections `status` shows: those named, else every one, else (with a range filter)
     the range section alone. An unknown name ends the command with one line."""
     from tasks.cli.common import fail
+    from tasks.wings import is_enabled
 
     named = [s.strip() for item in given for s in item.split(",") if s.strip()]
     unknown = [s for s in named if s not in SECTIONS]
     if unknown:
         fail(f"status: --section {unknown[0][:40]!r} is not one of {', '.join(SECTIONS)}")
-    if named:
-        return tuple(s for s in SECTIONS if s in named)
-    ranged = query.job is not None or query.filtered
-    return ("ranges",) if ranged else SECTIONS
+    # A wing that is off (WINGS) has no section: its tables may not exist.
+    off = [s for s in WING_SECTIONS if not is_enabled(s)]
+    if off and set(off) & set(named or ()):
+        fail(f"status: the {off[0]} wing is off (WINGS), so it has no section to show")
+    if query.job is not None or query.filtered:
+        if "ranges" in off:
+            fail("status: the ranges wing is off (WINGS): no range job to filter")
+        named = named or ["ranges"]
+    return tuple(s for s in SECTIONS if (s in named if named else s not in off))
 
 
 def _views(res: Resources, query: PartitionQuery, shown: tuple[str, ...]) -> dict[str, Any]:

@@ -43,6 +43,10 @@ def actor() -> str:
 def jobs() -> None:
     """Range-job controls (pause, resume, cancel, retry-failed, retry-skipped, throttle), run
     history and schedules."""
+    from tasks.wings import is_enabled
+
+    if not is_enabled("ranges"):
+        fail("jobs: the ranges wing is off (WINGS), so there are no range jobs")
 
 
 @contextmanager

@@ -50,6 +50,7 @@ from tasks.console.accounts import (
 from tasks.console.roles import OPERATOR, may
 from tasks.console.sessions import SESSION_HOURS, Sessions
 from tasks.console.sso import PROXY, BadIdentity, Identity, ProxySso
+from tasks.wings import is_enabled
 
 __all__ = ["Accounts", "accounts_from", "check_credentials", "cookie_secret",
            "ConsoleHandler", "Door", "NotFound", "REFUSAL", "SESSION_COOKIE", "CSRF_HEADER",
@@ -258,7 +259,8 @@ class ConsoleHandler(Door):
         """What base.html needs on every page behind the login (who, the role, how, the CSRF
         token), so a page rendered by any handler has them; `render`'s own values win."""
         return {**super().get_template_namespace(), "user": self.current_user,
-                "role": self.role, "how": self.method, "csrf": self.csrf_token}
+                "role": self.role, "how": self.method, "csrf": self.csrf_token,
+                "restock_on": is_enabled("restock")}
 
     @property
     def csrf_token(self) -> str:

@@ -25,6 +25,7 @@ from tasks.console.roles import VIEWER, allowed
 from tasks.console.sessions import Sessions
 from tasks.console.sso import PASSWORD, USER_HEADER, ProxySso
 from tasks.console.times import zoned
+from tasks.wings import is_enabled
 
 __all__ = ["ROUTES", "REFRESH_MS"]
 
@@ -157,8 +158,15 @@ class JobPage(PageHandler):
                             "owner": self.get_argument("owner", "")}
 
 
+def _restock_on() -> None:
+    """404 for the restock views while the restock wing is off (WINGS: no tables to read)."""
+    if not is_enabled("restock"):
+        raise HTTPError(404, reason="the restock wing is off (WINGS)")
+
+
 class RestockPage(PageHandler):
     def page(self, *args: str) -> tuple[str, dict[str, Any]]:
+        _restock_on()
         return "restock.html", {"page": "restock"}
 
 
@@ -250,6 +258,7 @@ class DryRunApi(ApiHandler):
 
 class RestockApi(ApiHandler):
     async def get(self) -> None:
+        _restock_on()
         await self.answer(actions.restock_overview)
 
 
