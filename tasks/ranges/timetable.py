@@ -46,7 +46,7 @@ from tasks.ranges.cron import (
 )
 from tasks.ranges.jobs import RangeJob
 from tasks.ranges.runs import Run, current_run, record, writing
-from tasks.ranges.tables import JOB_SCHEDULES, RunState
+from tasks.ranges.tables import JOB_SCHEDULES, RANGE_RUNS, RunState
 from tasks.store.db import affected, utcnow
 from tasks.store.validate import InvalidArguments
 
@@ -182,7 +182,7 @@ def _fire(sessions: sessionmaker[Session], row: Any, start: Start, cancel: Cance
             cancel(row.job, ACTOR)
         except InvalidArguments:
             pass  # it ended (or was cancelled by another tick) meanwhile: start anyway
-        return _start(sessions, row, start, due.at, f"{due.detail()}, replacing run {live.id}",
+        return _start(sessions, row, start, due.at, f"{due.detail()}, replacing run {live.shown}",
                       next_due_at=due.next_at, outcome="replaced")
     if row.policy == "queue" and row.queued_due_at is None:
         return _queue(sessions, row, live, due)
@@ -202,8 +202,10 @@ def _start(sessions: sessionmaker[Session], row: Any, start: Start, due: datetim
     opened: list[int] = []
 
     def then(session: Session, run_id: int) -> bool:
+        number = session.execute(select(RANGE_RUNS.c.number).where(
+            RANGE_RUNS.c.id == run_id)).scalar()
         if not _advance(session, row, next_due_at=next_due_at, queued_due_at=None,
-                        last_due_at=due, last_outcome=f"{outcome} run {run_id}",
+                        last_due_at=due, last_outcome=f"{outcome} run {number or run_id}",
                         fired=row.fired + 1):
             return False
         record(session, run_id, row.job, "scheduled", ACTOR, f"{detail}; policy {row.policy}")
@@ -227,7 +229,7 @@ def _start(sessions: sessionmaker[Session], row: Any, start: Start, due: datetim
 def _skip(sessions: sessionmaker[Session], row: Any, live: Run | None, due: Due,
           outcome: str) -> Fire:
     """A due time that starts nothing: recorded on the live run, counted on the row."""
-    why = (f"run {live.id} is {live.state}" if outcome == "skipped" and live is not None
+    why = (f"run {live.shown} is {live.state}" if outcome == "skipped" and live is not None
            else "missed while no beat ran (missed-run policy skip)")
     if outcome == "skipped" and row.queued_due_at is not None:
         why += f"; a run is already queued for {iso(row.queued_due_at)}"
@@ -243,7 +245,7 @@ def _skip(sessions: sessionmaker[Session], row: Any, live: Run | None, due: Due,
 
 def _queue(sessions: sessionmaker[Session], row: Any, live: Run, due: Due) -> Fire:
     """The `queue` policy: one run waits for the live one to end."""
-    detail = f"{due.detail()}: queued until run {live.id} ends"
+    detail = f"{due.detail()}: queued until run {live.shown} ends"
     with writing(sessions) as session:
         if not _advance(session, row, next_due_at=due.next_at, queued_due_at=due.at,
                         last_due_at=due.at, last_outcome="queued"):

@@ -74,7 +74,7 @@ def _assert_skip(engine: Engine) -> None:
     assert len(runs) >= 2, runs
     first = runs[0]
     skips = [d for v, a, d in _events(engine, first.id) if v == "schedule-skip"]
-    assert skips and all(f"run {first.id} is running" in d for d in skips), skips
+    assert skips and all(f"run {first.number} is running" in d for d in skips), skips
     for earlier, later in pairwise(runs):
         assert earlier.finished_at is not None and later.started_at >= earlier.finished_at, (
             earlier, later)
@@ -88,7 +88,7 @@ def _assert_replace(engine: Engine) -> None:
     for old, new in pairwise(runs):
         assert old.state == RunState.CANCELLED, old
         assert ("cancel", "schedule") in [(v, a) for v, a, _ in _events(engine, old.id)]
-        assert f"replacing run {old.id}" in _scheduled(engine, new.id)
+        assert f"replacing run {old.number}" in _scheduled(engine, new.id)
         assert new.started_at >= old.started_at
     assert runs[-1].state in (*RunState.LIVE, RunState.SUCCEEDED, RunState.CANCELLED)
 
@@ -99,7 +99,7 @@ def _assert_queue(engine: Engine) -> None:
     assert len(runs) >= 2, runs
     first, second = runs[0], runs[1]
     queued = [d for v, a, d in _events(engine, first.id) if v == "schedule-queue"]
-    assert len(queued) == 1 and f"queued until run {first.id} ends" in queued[0], queued
+    assert len(queued) == 1 and f"queued until run {first.number} ends" in queued[0], queued
     due = DUE.search(queued[0])
     assert due, queued
     assert first.state == RunState.SUCCEEDED and first.finished_at is not None
@@ -159,7 +159,7 @@ def _missed_window(cluster: Platform, engine: Engine, beat: Proc) -> None:
     assert _runs(engine, "sched_missed_skip") == []
     once = _schedule(engine, "sched_missed_once")
     (run,) = _runs(engine, "sched_missed_once")
-    assert once.last_outcome == f"started run {run.id}" and run.started_by == "schedule"
+    assert once.last_outcome == f"started run {run.number}" and run.started_by == "schedule"
     assert _scheduled(engine, run.id).startswith(
         f"due {due.isoformat(timespec='milliseconds')}Z")
     assert run.started_at >= due + timedelta(seconds=4)  # started late, after the downtime
