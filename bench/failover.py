@@ -229,8 +229,7 @@ def run_phase(engine: Engine, env: dict[str, str], logs: Path, name: str, *,
         _wait(lambda: _committed_by_newer(engine, row.lo, row.hi, row.fence), limit,
               f"a takeover of partition {row.part}")
         seconds = time.monotonic() - started
-        how = ("adopted by a running holder" if _adopted(logs, phase, row.part)
-               else "from its queued message")
+        how = _how_taken(logs, phase, row.part)
         print(f"  {name}: taken over after {seconds:.2f} s ({how}); finishing the run",
               flush=True)
         _wait(lambda: _finished(engine), limit, "the run to finish")
@@ -242,14 +241,17 @@ def run_phase(engine: Engine, env: dict[str, str], logs: Path, name: str, *,
     return Outcome(seconds, lost, duplicated)
 
 
-def _adopted(logs: Path, phase: Phase, part: int) -> bool:
-    """Whether a running holder of this phase adopted `part` (its worker's log says so)."""
-    said = f"adopting part {part},"
-    for worker in phase.workers:
-        log_file = logs / f"{worker}.log"
-        if log_file.exists() and said in log_file.read_text(errors="replace"):
-            return True
-    return False
+def _how_taken(logs: Path, phase: Phase, part: int) -> str:
+    """How `part` was taken over, as this phase's worker logs tell: adopted by a holder at a
+    batch boundary, taken as an orphan by a holder between two partitions (both ahead of any
+    queued partition), or from its queued message."""
+    text = "".join((logs / f"{worker}.log").read_text(errors="replace")
+                   for worker in phase.workers if (logs / f"{worker}.log").exists())
+    if f"adopting part {part}," in text:
+        return "adopted by a running holder"
+    if f"taking orphan part {part}," in text:
+        return "taken as an orphan by a holder between partitions"
+    return "from its queued message"
 
 
 def _client(env: dict[str, str]) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import os
 import re
 import shlex
@@ -432,7 +433,18 @@ def test_the_probes_run_a_command_that_fails_when_redis_or_the_database_is_away(
         if "tasks" in argv and "status" in argv:
             code, out = _run_probe(argv, no_db, timeout)
             assert code != 0 and "Traceback" not in out, f"{name}: {out[-1000:]}"
-            assert out.splitlines()[-1].startswith("cannot use DATABASE_URL="), out[-1000:]
+            assert _message(out.splitlines()[-1]).startswith("cannot use DATABASE_URL="), \
+                out[-1000:]
+
+
+def _message(line: str) -> str:
+    """The error a probe's last line gives: as written, or the message of a `--json` command's
+    error envelope (`{"kind": "error", "item": {"message": ...}}`)."""
+    if not line.startswith("{"):
+        return line
+    envelope = json.loads(line)
+    assert envelope["kind"] == "error", line
+    return str(envelope["item"]["message"])
 
 
 # -- beat's liveness -----------------------------------------------------------------------

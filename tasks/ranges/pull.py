@@ -120,6 +120,8 @@ class Pull:
                     break
                 orphan = int(popped)
                 if not self.client.exists(lease_key(self.job.lease_name(orphan))):
+                    log.info("range %s: taking orphan part %s, whose holder died, before "
+                             "any pending one", self.job.name, orphan)
                     return orphan
         except (RedisError, OSError):
             pass  # Redis is away: the pending claim's lease acquire reports it

@@ -53,8 +53,14 @@ def test_one_busy_worker_takes_a_celery_call_pause_within_a_batch_and_keeps_reco
     asked = time.monotonic()
     sent = celery_call(cluster.env, "tasks.ranges.pause", "--args", '["cm_data"]')
     assert sent.returncode == 0, sent.stderr
-    wait_until(lambda: runs(engine)[-1].state == RunState.PAUSED and idle(cluster), 30,
-               "the job paused")
+    try:
+        wait_until(lambda: runs(engine)[-1].state == RunState.PAUSED and idle(cluster), 30,
+                   "the job paused")
+    except TimeoutError as exc:  # say where it stuck: the run, its partitions, the worker
+        raise AssertionError(
+            f"{exc}: run {runs(engine)[-1].state}, partitions "
+            f"{[(p.part, p.status, p.owner) for p in cluster.parts()]}, celery call said "
+            f"{sent.stdout.strip()!r}\n{solo.output()[-4000:]}") from exc
     took = time.monotonic() - asked
     assert took < PAUSE_BOUND_S, f"the pause took {took:.1f}s behind a held slot"
     assert {p.status for p in cluster.parts()} <= {S.PAUSED, S.PENDING, S.DONE, S.EMPTY}
