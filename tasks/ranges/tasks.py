@@ -47,6 +47,7 @@ from tasks.ranges.settings import range_settings
 from tasks.ranges.timetable import tick
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments
+from tasks.worker.controlplane import ROUND
 from tasks.worker.lifecycle import shutdown_requested
 
 __all__ = ["start", "reconcile", "run_partition", "PROGRESS", "pause", "resume", "cancel",
@@ -179,7 +180,7 @@ def throttle(self: Task, job: str, rows_per_s: float) -> dict[str, Any]:
     return controls().throttle(job, rows_per_s, _actor(self))
 
 
-@app.task(name="tasks.ranges.reconcile", control_plane=True)
+@app.task(name="tasks.ranges.reconcile", control_plane=ROUND)
 def reconcile() -> list[dict[str, Any]]:
     """One reconcile round for every active job (beat emits this every few seconds), then
     the hooks of runs that ended are sent (`tasks.ranges.outbox`)."""
@@ -218,7 +219,7 @@ def _hook_of(job: str, state: str) -> Any:
     return get_job(job).hook_for(state)
 
 
-@app.task(name="tasks.ranges.schedules", control_plane=True)
+@app.task(name="tasks.ranges.schedules", control_plane=ROUND)
 def schedules() -> list[dict[str, Any]]:
     """Fire the jobs' due cron schedules (the leader beat emits this every
     RANGE_SCHEDULE_TICK seconds; `tasks.ranges.timetable`)."""

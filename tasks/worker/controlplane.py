@@ -15,6 +15,19 @@ of the result write), and its message is acknowledged when it ends. Every other 
 queue (rollback sweeps, health checks) goes to the pool exactly as before, through the same
 strategy (size limits, ETA).
 
+A periodic message for the pool (beat's rollback sweep: it carries `expires`) while another
+of its task still waits for the pool or runs there is acknowledged and dropped, since the next
+tick supersedes it. Without that, in the one-worker layout, sweeps waiting for a pool held by a
+partition filled this channel's prefetch after PREFETCH ticks and no control arrived until the
+partition's time slice ended (the pause test's failures on a loaded machine).
+
+Order on the thread: a control verb runs before any periodic round waiting there (a task
+declared `control_plane=ROUND`: beat's reconcile and schedule rounds), verbs in the order they
+came, rounds likewise; a round is idempotent and the next one supersedes it. A message whose
+`expires` passed while it waited on the thread is dropped there too, not only on arrival: on a
+loaded machine rounds that take longer than their interval used to queue up to PREFETCH deep
+ahead of a `pause` (30 s and more seen in a busy test run).
+
 What is the same as in the pool: the task's result and its state in the result backend, the
 refusal of an oversized message, JSON only. What differs: no soft or hard time limit (the task
 is a few statements under the database's lock timeout), no task events for Flower, and a worker
@@ -25,7 +38,10 @@ a fork drops every connection it inherited (`tasks.store.resources`).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +53,7 @@ from celery.worker.control import inspect_command
 from tasks.config.settings import settings_of
 from tasks.worker.limits import refuse_oversized
 
-__all__ = ["ControlPlane", "PREFETCH", "runs_in_control_plane"]
+__all__ = ["ControlPlane", "PREFETCH", "ROUND", "Waiting", "runs_in_control_plane"]
 
 log = logging.getLogger("tasks.worker.controlplane")
 
@@ -46,9 +62,36 @@ log = logging.getLogger("tasks.worker.controlplane")
 PREFETCH = 8
 
 
+# `control_plane=ROUND` on a task: a periodic round, run after any control verb waiting.
+ROUND = "round"
+
+
 def runs_in_control_plane(task: Any) -> bool:
     """Whether `task` (a registered Celery task) runs on the control plane's thread."""
     return bool(getattr(task, "control_plane", False))
+
+
+class Waiting:
+    """The control-plane messages waiting for the thread: verbs first, then rounds, each in
+    the order they came."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Any, Any]] = []
+        self._order = itertools.count()
+        self._lock = threading.Lock()
+
+    def push(self, task: Any, message: Any) -> None:
+        rank = 1 if getattr(task, "control_plane", None) == ROUND else 0
+        with self._lock:
+            heapq.heappush(self._heap, (rank, next(self._order), task, message))
+
+    def pop(self) -> tuple[Any, Any]:
+        with self._lock:
+            _, _, task, message = heapq.heappop(self._heap)
+        return task, message
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
 
 class ControlPlane(bootsteps.ConsumerStep):
@@ -62,6 +105,8 @@ class ControlPlane(bootsteps.ConsumerStep):
         self.executor: ThreadPoolExecutor | None = None
         self._to_pool: Any = None
         self._consumer: Any = None
+        self._waiting = Waiting()
+        self._for_pool: dict[str, Any] = {}  # task name -> its last periodic message sent there
 
     def start(self, c: Any) -> None:
         name = settings_of(c.app).control_queue
@@ -114,16 +159,46 @@ class ControlPlane(bootsteps.ConsumerStep):
         task = c.app.tasks.get(headers.get("task"))
         if (task is None or not runs_in_control_plane(task) or headers.get("eta")
                 or self.executor is None):
-            self._to_pool(message)  # the pool's own path: unknown tasks, ETA, sweeps
+            if not self._superseded(message, headers):
+                self._to_pool(message)  # the pool's own path: unknown tasks, ETA, sweeps
             return
         if refuse_oversized(task, c.app, message):
             return
-        if _expired(headers.get("expires")):
-            log.info("control plane: %s[%s] expired before it ran; dropped", task.name,
-                     headers.get("id"))
-            message.ack_log_error(log, c.connection_errors)
+        if self._dropped_expired(task, message):
             return
-        self.executor.submit(self._run, task, message)
+        self._waiting.push(task, message)
+        self.executor.submit(self._run_next)
+
+    def _superseded(self, message: Any, headers: dict[str, Any]) -> bool:
+        """Acknowledge and drop a periodic message for the pool (it carries `expires`, no
+        ETA) while the last one of its task still waits for the pool or runs there."""
+        name = headers.get("task")
+        if not name or not headers.get("expires") or headers.get("eta"):
+            return False
+        earlier = self._for_pool.get(name)
+        if earlier is not None and not earlier.acknowledged:
+            log.debug("control plane: %s[%s] dropped: %s[%s] still waits for the pool", name,
+                      headers.get("id"), name, earlier.headers.get("id"))
+            message.ack_log_error(log, self._consumer.connection_errors)
+            return True
+        self._for_pool[name] = message
+        return False
+
+    def _dropped_expired(self, task: Any, message: Any) -> bool:
+        """Acknowledge and drop `message` if its `expires` has passed."""
+        headers = message.headers if isinstance(message.headers, dict) else {}
+        if not _expired(headers.get("expires")):
+            return False
+        log.info("control plane: %s[%s] expired before it ran; dropped", task.name,
+                 headers.get("id"))
+        message.ack_log_error(log, self._consumer.connection_errors)
+        return True
+
+    def _run_next(self) -> None:
+        """On this step's thread: the first waiting message (one per message submitted)."""
+        task, message = self._waiting.pop()
+        if not self._dropped_expired(task, message):
+            self._run(task, message)
 
     def _run(self, task: Any, message: Any) -> None:
         """Run the task on this step's thread, then acknowledge its message."""

@@ -15,6 +15,7 @@ from examples.seed import seed_cm_data
 from tasks.ranges.keys import range_schedule_name
 from tasks.ranges.tables import SCHEDULES, RunState
 from tasks.ranges.tables import PartitionStatus as S
+from tasks.worker.controlplane import PREFETCH
 from tests.ranges.cluster import Platform
 from tests.ranges.control_support import idle, runs
 from tests.support.workers import celery_call, wait_until
@@ -49,6 +50,11 @@ def test_one_busy_worker_takes_a_celery_call_pause_within_a_batch_and_keeps_reco
     seen = rounds(engine)
     wait_until(lambda: rounds(engine) != seen, 10, "a reconcile round while the slot is held")
     assert any(p.status == S.RUNNING for p in cluster.parts())  # the slot was held all along
+    # Beat's rollback sweeps (one per RECONCILE_INTERVAL, 0.5 s here) go to the held pool
+    # through the control plane's channel: more ticks than it prefetches pass before the
+    # pause, and the pause still lands (superseded sweeps are dropped, not kept waiting).
+    time.sleep((PREFETCH + 4) * 0.5)
+    assert any(p.status == S.RUNNING for p in cluster.parts())
 
     asked = time.monotonic()
     sent = celery_call(cluster.env, "tasks.ranges.pause", "--args", '["cm_data"]')
