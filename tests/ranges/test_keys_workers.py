@@ -49,7 +49,7 @@ def test_a_keyed_run_is_exactly_once_through_a_kill_9_and_a_takeover(
     cluster = platform(EXTRA_TASK_MODULES=f"{SAMPLE_MODULES},bench.keyed",
                        KEYED_PARTITION_SIZE="5000", KEYED_BATCH_SIZE=str(BATCH))
     cli(cluster, "start", job)
-    cli(cluster, "throttle", job, "2000")  # held until the kill has landed
+    cli(cluster, "throttle", job, "500")  # held until the kill and the takeover have landed
     doomed = cluster.worker("a")
     cluster.beat()
 
