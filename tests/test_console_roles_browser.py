@@ -10,15 +10,14 @@ and a small cm_data job on PostgreSQL (the stack of tests/test_console_browser.p
   logs the browser in with the mapped role, from another address its headers are ignored and
   the login form is shown.
 
-Screenshots go to the test's temporary directory and are copied to SHOTS (their paths are
-printed); a reviewer opens them to see what each test claims.
+Screenshots go to the test's temporary directory (their paths are printed); a reviewer opens
+them to see what each test claims.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,7 +48,6 @@ from tests.test_console_browser import (
 from tests.test_console_http import PASSWORD, USER, console_env, start_console
 from tests.test_console_roles import PROXY, ROLE_ENV, VIEWER_PASSWORD, VIEWER_USER
 
-SHOTS = Path("/tmp/h41-shots")
 SHOWN_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
 # Headers a relay does not pass on (hop by hop, or set by its own HTTP client).
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
@@ -142,7 +140,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     except BaseException:
         worker.stop()
         raise
-    SHOTS.mkdir(parents=True, exist_ok=True)
     yield Stack(base, engine, env, console, worker, tmp)
     console.stop()
     worker.stop()
@@ -168,8 +165,7 @@ def _shot(driver: Any, stack: Stack, name: str) -> Path:
     path = stack.shots / name
     assert driver.save_screenshot(str(path)), path
     assert path.stat().st_size > 5_000
-    shutil.copy(path, SHOTS / name)
-    print(f"screenshot: {path} (copy: {SHOTS / name})")
+    print(f"screenshot: {path}")
     return path
 
 
