@@ -49,8 +49,9 @@ def test_timeout_without_polling(leases: Leases, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(NotAcquired):
         leases.acquire("t", ttl=5.0, blocking=True, timeout=0.5)
     assert 0.5 <= time.monotonic() - start < 0.9
-    # One attempt, one BLPOP for the whole timeout, one last attempt at the deadline.
-    assert len(trips) == 2 and waits == [pytest.approx(0.5, abs=0.01)]
+    # One attempt, one BLPOP for the rest of the timeout (what the first attempt's round trip
+    # left of it: more than a few ms on a busy machine), one last attempt at the deadline.
+    assert len(trips) == 2 and len(waits) == 1 and 0.3 < waits[0] <= 0.5
 
 
 def test_waiter_takes_over_when_the_holder_dies(
