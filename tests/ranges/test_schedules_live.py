@@ -29,7 +29,7 @@ from tests.ranges.cluster import Platform
 from tests.ranges.control_support import jobs_cli
 from tests.support.workers import CELERY, Proc, start_worker, wait_until
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(360)  # beside a 12-process suite it took 202 s
 
 MODULES = f"{SAMPLE_MODULES},tests.support.schedule_jobs"
 EVERY_10S = "*/10 * * * * *"
@@ -139,14 +139,18 @@ def test_each_policy_with_a_real_beat_and_worker_and_a_missed_window_after_downt
 def _missed_window(cluster: Platform, engine: Engine, beat: Proc) -> None:
     """Stop the beat, let a due time pass, start it again: with the missed-run policy `skip`
     the late due time is recorded as missed and starts nothing; with `once` it starts one run."""
+    began = time.monotonic()
     for job in POLICIES:
         assert jobs_cli(cluster, "schedule", job, "--clear").returncode == 0
         jobs_cli(cluster, "cancel", job)  # free the worker's slots (refused if it ended)
+    per_call = (time.monotonic() - began) / (2 * len(POLICIES))
     beat.stop()
-    # Once a minute, at the second `due` falls on, 15 s ahead: both CLI calls must land
-    # before it, or (a loaded machine) the schedules are set again for a later second.
+    # Once a minute, at the second `due` falls on, far enough ahead for both CLI calls at the
+    # pace the calls above took (seconds each on a loaded machine); if they still land after
+    # it, the schedules are set again for a later second.
+    ahead = min(45.0, max(15.0, 4 * per_call + 5))
     for _ in range(4):
-        due = (utcnow() + timedelta(seconds=15)).replace(microsecond=0)
+        due = (utcnow() + timedelta(seconds=ahead)).replace(microsecond=0)
         for job, missed in (("sched_missed_skip", "skip"), ("sched_missed_once", "once")):
             done = jobs_cli(cluster, "schedule", job, f"{due.second} * * * * *", "--missed",
                             missed)
@@ -155,7 +159,8 @@ def _missed_window(cluster: Platform, engine: Engine, beat: Proc) -> None:
                                    for job in ("sched_missed_skip", "sched_missed_once"))):
             break
     else:
-        raise AssertionError("the schedules could not be set 15 s ahead in four tries")
+        raise AssertionError(f"the schedules could not be set {ahead:.0f} s ahead in four "
+                             f"tries ({per_call:.1f} s per CLI call)")
     while utcnow() < due + timedelta(seconds=4):  # past the grace (2 s) with no beat
         time.sleep(0.2)
     _beat(cluster, "beat-2")
