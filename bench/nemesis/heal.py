@@ -72,8 +72,7 @@ def replace_stuck_orders(load: Load, engine: Engine) -> None:
     stuck = [o for o, (_, items) in load.orders.items() if known.get(o, 0) < len(items)]
     said: dict[str, str] = {}
     load.renew()
-    sent = {order_id: load.client.send_task("tasks.restock.place_order", args=[
-        order_id, *load.orders[order_id]]) for order_id in stuck}
+    sent = {order_id: _send_order(load, order_id) for order_id in stuck}
     deadline = time.monotonic() + 20
     for order_id, result in sent.items():
         try:
@@ -84,6 +83,20 @@ def replace_stuck_orders(load: Load, engine: Engine) -> None:
     if stuck:
         print(f"  heal: placed again {len(stuck)} order(s) stuck or never recorded: {said}",
               flush=True)
+
+
+def _send_order(load: Load, order_id: str, tries: int = 5) -> Any:
+    """Send place_order again; after a failure, again on a fresh client: a client whose
+    result consumer met a reset or a stalled Redis gives up for good ("must be restarted")."""
+    for _ in range(tries - 1):
+        try:
+            return load.client.send_task("tasks.restock.place_order",
+                                         args=[order_id, *load.orders[order_id]])
+        except Exception:  # noqa: BLE001 - Redis still settling after the faults
+            time.sleep(1.0)
+            load.renew()
+    return load.client.send_task("tasks.restock.place_order",
+                                 args=[order_id, *load.orders[order_id]])
 
 
 def quiet(engine: Engine) -> str | None:

@@ -175,6 +175,13 @@ def _fire(sessions: sessionmaker[Session], row: Any, start: Start, cancel: Cance
                       next_due_at=row.next_due_at, outcome="started")
     if due.late and row.missed == "skip":
         return _skip(sessions, row, live, due, "missed")
+    if live is None and row.queued_due_at is not None:
+        # The live run ended and a due time of its own came before the next tick: one run,
+        # started for the queued due time, with this one folded into it.
+        queued = row.queued_due_at
+        return _start(sessions, row, start, queued,
+                      f"due {iso(queued)} (queued), with {due.detail()}",
+                      next_due_at=due.next_at)
     if live is None:
         return _start(sessions, row, start, due.at, due.detail(), next_due_at=due.next_at)
     if row.policy == "replace":

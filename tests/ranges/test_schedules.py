@@ -185,6 +185,25 @@ def test_queue_policy_holds_one_run_until_the_live_one_ends(
     assert _outcomes(t.at(30.1)) == ["queued"]
 
 
+def test_a_queued_run_whose_live_run_ends_just_before_the_next_due_time_starts_once(
+        ticks: Callable[..., Ticks]) -> None:
+    """The live run ends, and before the next tick the next due time has come too: one run
+    starts, for the queued due time, the other folded into it (seen live on a busy machine)."""
+    t = ticks("queue")
+    assert _outcomes(t.at(0.1)) == ["started"]
+    assert _outcomes(t.at(10.1)) == ["queued"]
+    t.end()
+    fires = t.at(20.1)
+    assert _outcomes(fires) == ["started"] and fires[0].due == T0 + timedelta(seconds=10)
+    assert t.at(21) == [] and t.at(25) == []  # neither due time starts a second run
+    assert [s for _, s in t.runs()] == ["succeeded", "running"]
+    second = t.runs()[1][0]
+    detail = next(d for v, _, d in t.events(second) if v == "scheduled")
+    assert str(detail).startswith("due 2026-03-01T02:00:10Z (queued), with due "
+                                  "2026-03-01T02:00:20Z"), detail
+    assert _outcomes(t.at(30.1)) == ["queued"]
+
+
 @pytest.mark.parametrize("missed, outcome, runs", [("once", "started", 1), ("skip", "missed", 0)])
 def test_a_window_missed_while_no_beat_ran_follows_the_missed_policy(
         ticks: Callable[..., Ticks], missed: str, outcome: str, runs: int) -> None:
