@@ -115,6 +115,9 @@ class ControlPlane(bootsteps.ConsumerStep):
             return  # this worker does not consume the control queue (`-Q` left it out)
         task_consumer.cancel_by_queue(name)
         self.queue_name = name
+        # A (re)start after a lost connection: the messages remembered here went with it and
+        # are never acknowledged now; kept, they would drop every later sweep for good.
+        self._for_pool.clear()
         self._consumer = c
         self._to_pool = c.create_task_handler()
         if self.executor is None:
