@@ -90,7 +90,7 @@ def _a_run_with_a_failure(sessions: sessionmaker[Session]) -> int:
     from tasks.ranges.runs import open_run, record, writing
 
     with writing(sessions) as session:
-        run_id, number = open_run(session, "cm_data", "console:ann@10.0.0.5", None,
+        run_id, number = open_run(session, "cm_data", None, "console:ann@10.0.0.5", None,
                                   json.dumps({"tenant": 7}))
         record(session, run_id, "cm_data", "pause", "console:bob@10.0.0.6")
         record(session, run_id, "cm_data", "resume", "console:bob@10.0.0.6")

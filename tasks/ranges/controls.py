@@ -166,7 +166,7 @@ class Controls:
                 replanned = self._replan(session, name)
             else:  # the new run walks every stored partition again, counting from zero
                 restarted = restart_finished(session, name)
-            run_id, number = open_run(session, name, actor, found.rows_per_s, stored)
+            run_id, number = open_run(session, name, run, actor, found.rows_per_s, stored)
             if records is not None:
                 store_input(session, name, run_id, records)
             reset = activate_in(session, name)

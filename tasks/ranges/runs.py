@@ -191,15 +191,18 @@ def stored_params(session: Session, job: str) -> str | None:
                            .order_by(RANGE_RUNS.c.id.desc()).limit(1)).scalar()
 
 
-def open_run(session: Session, job: str, actor: str, rows_per_s: float | None,
-             params: str | None = None) -> tuple[int, int]:
+def open_run(session: Session, job: str, after: Run | None, actor: str,
+             rows_per_s: float | None, params: str | None = None) -> tuple[int, int]:
     """A new running run of `job` with its stored `params` (in the caller's transaction):
-    its id and its number, the job's highest plus one, read and written in this transaction.
-    Two starts that race for one number meet the unique (job, number) constraint, and the
-    loser's transaction rolls back whole (`Controls.start` then joins the winner's run)."""
+    its id and its number, the one after `after`'s, the job's latest run as the caller
+    checked it inside this transaction (`still_latest`; None: the job never ran). The number
+    comes from that check, not from a second read: under PostgreSQL's READ COMMITTED each
+    statement sees what committed before it, so a run another start commits between the
+    check and a fresh read would give this one the next number and open a second live
+    run. A start that took the same number first makes the unique (job, number)
+    constraint roll this transaction back whole (`Controls.start` then joins its run)."""
     now = utcnow()
-    number = session.execute(select(func.coalesce(func.max(RANGE_RUNS.c.number), 0)).where(
-        RANGE_RUNS.c.job == job)).scalar_one() + 1
+    number = (after.shown if after is not None else 0) + 1
     result = session.execute(insert(RANGE_RUNS).values(
         job=job, state=RunState.RUNNING, started_at=now, rows=0, params=params,
         rows_base=run_rows(session, job), rows_per_s=rows_per_s, updated_at=now,

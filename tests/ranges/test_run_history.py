@@ -280,6 +280,56 @@ def test_two_starts_at_once_open_one_run(engine: Engine, redis_client: redis.Red
     assert events(engine) == ["start", "start"]  # the second: "already running"
 
 
+@pytest.mark.parametrize("db_kind", ["postgresql", "mariadb"])
+def test_a_start_that_commits_between_the_other_s_check_and_its_insert_is_joined(
+        engine: Engine, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under PostgreSQL's READ COMMITTED each statement sees what committed before it: b
+    checks "no run" inside its transaction, then a opens and commits run 1 before b goes on.
+    b must not read the next number afresh (it would open run 2 beside a live run 1): it
+    meets the unique number a took, rolls back and joins run 1. (Found by the barrier test
+    above failing once in CI on PostgreSQL.)"""
+    import tasks.ranges.controls as module
+
+    seed_cm_data(engine, 10)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    barrier, a_done = threading.Barrier(2, timeout=10), threading.Event()
+    read, check = module.current_run, module.still_latest
+    held = threading.local()
+
+    def both_read_first(found_in: Any, job: str) -> Any:
+        run = read(found_in, job)
+        if not getattr(held, "read", False):
+            held.read = True
+            barrier.wait()
+        return run
+
+    def b_waits_for_a_after_its_check(session: Any, job: str, run: Any) -> bool:
+        still = check(session, job, run)
+        if threading.current_thread().name == "b" and not getattr(held, "checked", False):
+            held.checked = True
+            assert a_done.wait(20), "a's start never committed"
+        return still
+
+    monkeypatch.setattr(module, "current_run", both_read_first)
+    monkeypatch.setattr(module, "still_latest", b_waits_for_a_after_its_check)
+    reports: dict[str, dict[str, Any]] = {}
+
+    def start(who: str) -> None:
+        controls = Controls(sessions, redis_client, lambda _job: {"dispatched": []})
+        reports[who] = controls.start("cm_data", f"{who}@h")
+        if who == "a":
+            a_done.set()
+
+    threads = [threading.Thread(target=start, args=(who,), name=who) for who in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    assert {who: r["run"] for who, r in reports.items()} == {"a": 1, "b": 1}
+    assert [(r.number, r.state) for r in runs(engine)] == [(1, RunState.RUNNING)]
+    assert events(engine) == ["start", "start"]
+
+
 @pytest.mark.parametrize("db_kind", ["sqlite", "postgresql", "mariadb"])
 def test_migration_0015_numbers_older_runs_per_job_and_names_their_starters(
         engine: Engine) -> None:
