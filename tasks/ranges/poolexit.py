@@ -49,6 +49,7 @@ from lease import Leases
 from tasks.config.settings import Settings, settings_of
 from tasks.ranges import keeper
 from tasks.ranges.keys import range_lease_name, range_orphans_key
+from tasks.ranges.runs import writing
 from tasks.ranges.workrow import hand_back_dead
 from tasks.store.db import utcnow
 from tasks.store.resources import resources_for
@@ -78,7 +79,11 @@ def hand_back(sessions: sessionmaker[Session], leases: Leases, client: redis.Red
               owner: str, note: str, ttl: int) -> list[int]:
     """Hand back the partitions of `job` the dead process `owner` held (see the module's
     timeline, steps 1 to 3 but the dispatch); returns them. `ttl`: the orphans set's."""
-    with sessions.begin() as session:
+    # It reads the dead holder's rows, then writes them: on SQLite the write lock is taken
+    # up front (`writing`), or a write committed between the two (a reconcile round, another
+    # holder's batch) fails the upgrade at once with "database is locked" under WAL, and the
+    # partitions wait for the lease TTL.
+    with writing(sessions) as session:
         handed = hand_back_dead(session, job, owner, note)
     if not handed:
         return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from importlib import import_module
@@ -90,6 +91,47 @@ def test_a_partition_taken_over_meanwhile_is_left_to_its_new_holder(
 
 def _pid_of(owner: str) -> int:
     return int(owner.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
+def test_a_write_committed_between_the_hand_back_s_read_and_its_write_does_not_fail_it(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite under WAL: a transaction that read, then writes after another connection
+    committed, fails at once with "database is locked" (its snapshot is stale; the busy
+    timeout does not help). The hand-back reads the dead holder's rows, then writes them: a
+    reconcile round or a batch committing between the two made it fail, and the partition
+    waited for the lease TTL (seen once in CI beside a loaded suite). It takes SQLite's
+    write lock up front, so the other writer waits for it instead."""
+    import tasks.ranges.poolexit as module
+    from sqlalchemy import text
+
+    job = small(cm_data)
+    seed_cm_data(engine, 1000)
+    plan(sessions, redis_client, job)
+    fence = _claim(job, 0, DEAD, sessions, leases)
+    wrote = threading.Event()
+
+    def other_writer() -> None:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE cm_data SET payload = 'touched' WHERE id = 1"))
+        wrote.set()
+
+    real = module.hand_back_dead
+
+    def another_write_between(session: Session, *args: Any) -> Any:
+        session.execute(text("SELECT count(*) FROM work_items"))  # its read, as the real one
+        writer = threading.Thread(target=other_writer)
+        writer.start()
+        wrote.wait(1.0)  # lands at once unless this transaction holds the write lock
+        return real(session, *args)
+
+    monkeypatch.setattr(module, "hand_back_dead", another_write_between)
+    assert hand_back(sessions, leases, redis_client, job.name, DEAD, "died", ttl=60) == [0]
+    assert wrote.wait(30), "the other writer never got the lock"
+    row = work(engine, 0)
+    assert (row.status, row.fence, row.crashes) == (S.PENDING, fence, 1)
 
 
 @pytest.mark.timeout(240)
