@@ -84,3 +84,44 @@ def test_a_worker_whose_broker_link_goes_half_open_comes_back_by_itself(
         worker.stop()
         proxy.stop()
 
+
+
+@pytest.mark.timeout(150)
+def test_the_control_plane_sends_periodic_tasks_to_the_pool_again_after_a_broker_restart(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """The control plane drops a periodic message for the pool while the last one of its task
+    is not yet acknowledged (tasks/worker/controlplane.py). A broker restart takes that last
+    one with the old connection, never to be acknowledged: remembered across the restart, it
+    would drop every later one of its task for good (beat's rollback sweeps, the dead-letter
+    prune). The worker's only slot is held throughout, so the first one stays unacknowledged."""
+    db = f"sqlite:///{tmp_path}/b.sqlite"
+    fresh_database(db).dispose()
+    env = platform_env(REDIS_URL=private_redis.url, DATABASE_URL=db)
+    worker = start_worker(env, 1)
+    client = Celery(broker=private_redis.url, backend=private_redis.url, set_as_current=False)
+    periodic = "tasks.health.prune_dead_letters"
+
+    def received(task_id: str) -> bool:
+        return f"{periodic}[{task_id}] received" in worker.output()
+
+    try:
+        client.send_task("devtools.samples.nap", [60])
+        wait_until(lambda: "devtools.samples.nap[" in worker.output(), timeout=30,
+                   what="the long task holding the only slot")
+        first = client.send_task(periodic, expires=120, queue="control")
+        wait_until(lambda: received(first.id), timeout=30, what="the first prune at the pool")
+        private_redis.kill()
+        time.sleep(1.0)
+        private_redis.start()
+        wait_until(lambda: worker.output().count("Connected to redis") >= 2
+                   or worker.popen.poll() is not None, timeout=40, what="the worker reconnected")
+        assert worker.popen.poll() is None, worker.output()[-3000:]
+        # The first prune went with the old connection (the restarted Redis is empty). The
+        # next one reaches the pool; before the fix it was dropped as "still waiting".
+        second = client.send_task(periodic, expires=120, queue="control")
+        wait_until(lambda: received(second.id), timeout=40,
+                   what="a prune sent after the restart reaching the pool")
+    finally:
+        client.close()
+        worker.stop()
