@@ -88,15 +88,16 @@ def replace_stuck_orders(load: Load, engine: Engine) -> None:
 def _send_order(load: Load, order_id: str, tries: int = 5) -> Any:
     """Send place_order again; after a failure, again on a fresh client: a client whose
     result consumer met a reset or a stalled Redis gives up for good ("must be restarted")."""
-    for _ in range(tries - 1):
+    for tried in range(1, tries + 1):
         try:
             return load.client.send_task("tasks.restock.place_order",
                                          args=[order_id, *load.orders[order_id]])
         except Exception:  # noqa: BLE001 - Redis still settling after the faults
+            if tried == tries:
+                raise
             time.sleep(1.0)
             load.renew()
-    return load.client.send_task("tasks.restock.place_order",
-                                 args=[order_id, *load.orders[order_id]])
+    raise AssertionError("unreachable")
 
 
 def quiet(engine: Engine) -> str | None:
