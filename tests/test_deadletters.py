@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
 from datetime import timedelta
 from io import StringIO
 
@@ -41,6 +42,38 @@ def test_prune_deletes_only_letters_past_the_retention(engine: Engine) -> None:
     assert letters.prune(retention=30 * 86400) == PRUNE_BATCH + 5
     assert letters.counts() == {"task": 3}
     assert letters.prune(retention=30 * 86400) == 0  # idempotent
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
+def test_a_write_committed_between_the_prune_s_read_and_its_delete_does_not_fail_it(
+    engine: Engine,
+) -> None:
+    """SQLite under WAL: a transaction that read, then writes after another connection
+    committed, fails at once with "database is locked" (its snapshot is stale; the busy
+    timeout does not help). A prune batch reads the ids past the retention, then deletes
+    them: a letter added between the two failed the prune. It takes SQLite's write lock up
+    front, so the other writer waits for it instead."""
+    letters = DeadLetters(sessionmaker(engine))
+    _letters(engine, 3, age_days=40)
+    wrote = threading.Event()
+    started: list[threading.Thread] = []
+
+    def other_writer() -> None:
+        _letters(engine, 1, age_days=0)
+        wrote.set()
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _another_write_between(_c: object, _cur: object, statement: str, *_: object) -> None:
+        if statement.startswith("SELECT dead_letters.id") and not started:  # the batch's read
+            started.append(threading.Thread(target=other_writer))
+            started[0].start()
+            wrote.wait(1.0)  # lands at once unless the prune holds the write lock
+
+    assert letters.prune(retention=30 * 86400) == 3
+    assert started, "the prune's read was not seen"
+    started[0].join(30)
+    assert wrote.is_set(), "the other writer never got the lock"
+    assert letters.counts() == {"task": 1}
 
 
 def test_the_prune_is_scheduled_and_its_retention_is_a_setting() -> None:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks.config.settings import redact
 from tasks.deadletters.kinds import retry_of
 from tasks.deadletters.tables import DEAD_LETTERS
-from tasks.store.db import affected, utcnow
+from tasks.store.db import WRITE_INTENT, affected, utcnow
 
 __all__ = ["DeadLetters", "Letter", "Summary", "PRUNE_BATCH", "DeadLetterError",
            "LetterNotFound", "NotReplayable", "AlreadyReplayed", "Replay", "replay_refusal",
@@ -239,6 +239,8 @@ class DeadLetters:
         deleted = 0
         while True:
             with self.sessions.begin() as session:
+                # Reads, then deletes: SQLite's write lock up front.
+                session.connection(execution_options=WRITE_INTENT)
                 ids = list(session.execute(select(d.id).where(d.created_at < cutoff)
                                            .order_by(d.id).limit(PRUNE_BATCH)).scalars())
                 if ids:
