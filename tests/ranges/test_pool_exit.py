@@ -104,8 +104,9 @@ def test_a_write_committed_between_the_hand_back_s_read_and_its_write_does_not_f
     reconcile round or a batch committing between the two made it fail, and the partition
     waited for the lease TTL (seen once in CI beside a loaded suite). It takes SQLite's
     write lock up front, so the other writer waits for it instead."""
-    import tasks.ranges.poolexit as module
     from sqlalchemy import text
+
+    import tasks.ranges.poolexit as module
 
     job = small(cm_data)
     seed_cm_data(engine, 1000)
