@@ -156,36 +156,38 @@ def test_the_table_grows_during_a_run(engine: Engine, platform: Callable[..., Pl
     cluster.assert_exactly_once(14_000)
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["tasks.ranges.start", "--args", '["no_such_job"]'], "unknown range job 'no_such_job'"),
-        (["tasks.ranges.start", "--args", "[42]"], "job must be a string"),
-        (["tasks.ranges.run_partition", "--args", '["cm_data", -1]'],
-         "partition must be in 0..2147483647, got -1"),
-        (["tasks.ranges.run_partition", "--args", '["cm_data", "3"]'],
-         "partition must be an integer"),
-        (["tasks.ranges.run_partition", "--args", '["cm_data", 7]'], "no partition 7"),
-        (["tasks.ranges.run_partition", "--args", '["cm_data"]'], "missing 1 required"),
-    ],
-)
+BAD_CALLS = [
+    (["tasks.ranges.start", "--args", '["no_such_job"]'], "unknown range job 'no_such_job'"),
+    (["tasks.ranges.start", "--args", "[42]"], "job must be a string"),
+    (["tasks.ranges.run_partition", "--args", '["cm_data", -1]'],
+     "partition must be in 0..2147483647, got -1"),
+    (["tasks.ranges.run_partition", "--args", '["cm_data", "3"]'],
+     "partition must be an integer"),
+    (["tasks.ranges.run_partition", "--args", '["cm_data", 7]'], "no partition 7"),
+    (["tasks.ranges.run_partition", "--args", '["cm_data"]'], "missing 1 required"),
+]
+
+
 @pytest.mark.parametrize("db_kind", ["sqlite"], indirect=True)
 def test_bad_input_is_rejected_with_a_clear_error_and_changes_nothing(
-    engine: Engine, platform: Callable[..., Platform], args: list[str], message: str
+    engine: Engine, platform: Callable[..., Platform]
 ) -> None:
+    """Each bad `celery call` on one worker (a worker per call only repeated its start-up)."""
     seed_cm_data(engine, 100)
     cluster = platform()
     cluster.worker("a")
-    sent = celery_call(cluster.env, *args)
-    assert sent.returncode == 0, sent.stderr
-    task_id = sent.stdout.strip().splitlines()[-1]
     client = Celery(broker=cluster.redis_server.url, backend=cluster.redis_server.url,
                     set_as_current=False)
-    result = client.AsyncResult(task_id)
-    result.get(timeout=60, propagate=False)
-    assert result.state == "FAILURE"
-    assert message in str(result.result)
-    client.close()
+    try:
+        for args, message in BAD_CALLS:
+            sent = celery_call(cluster.env, *args)
+            assert sent.returncode == 0, (args, sent.stderr)
+            result = client.AsyncResult(sent.stdout.strip().splitlines()[-1])
+            result.get(timeout=60, propagate=False)
+            assert result.state == "FAILURE", args
+            assert message in str(result.result), (args, result.result)
+    finally:
+        client.close()
     assert cluster.parts() == []
     with engine.connect() as conn:
         assert conn.execute(select(func.sum(DATA.c.processed_count))).scalar() == 0
