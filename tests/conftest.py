@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +15,13 @@ import redis
 
 from tests import WORKER_REDIS_URL
 from tests.support.redis_server import RedisServer, redis_server
+
+# A suite started from a script as a background job (`cmd &` without job control) inherits
+# SIGINT ignored, and so would every process a test starts: the tests that stop a `--watch`
+# or the demo with Ctrl-C (SIGINT) would wait for them for ever. Python's own handler here
+# gives the children SIGINT's default again, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests use their own logical database so a developer's db 0 is left alone.
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
