@@ -27,52 +27,6 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
-# Modules (or tests: node id prefixes) whose tests take long: seconds per test on this 2-core
-# machine beside a 6-process suite, from `--durations`. `--dist worksteal` first hands each
-# xdist worker an equal count of consecutive tests; in file order most of these sat in a few
-# workers' shares, and one of them starting last made the whole suite wait for it.
-LONG = {
-    "tests/test_nemesis.py::test_a_fixed_seed": 110, "tests/test_nemesis.py": 3,
-    "tests/ranges/test_controls_chaos.py": 75,
-    "tests/ranges/test_schedules_live.py": 65, "tests/test_demo_console.py": 55,
-    "tests/test_bench_failover.py": 50, "tests/ranges/test_sentinel.py": 32,
-    "tests/ranges/test_controls.py": 30, "tests/ranges/test_chaos.py": 20,
-    "tests/ranges/test_guarantees_workers.py": 17, "tests/test_broker_restart.py": 16,
-    "tests/ranges/test_throttle.py": 12, "tests/test_rabbitmq.py": 12,
-    "tests/test_metrics.py": 12, "tests/ranges/test_pool_exit.py": 10,
-    "tests/rollback/test_chaos.py": 10, "tests/test_status_cli.py": 9,
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the tests so each worker's first share starts with about the same weight of long
-    tests, longest first, then a run of the others in file order (module fixtures stay
-    together). The shares are cut as worksteal cuts them; every worker orders alike."""
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    if workers <= 1:
-        return
-
-    def weight(item: pytest.Item) -> int:
-        return max((w for prefix, w in LONG.items() if item.nodeid.startswith(prefix)),
-                   default=0)
-
-    sizes, left = [], len(items)
-    for i in range(workers):
-        sizes.append(left // (workers - i))
-        left -= sizes[-1]
-    shares: list[list[pytest.Item]] = [[] for _ in sizes]
-    loads = [0] * workers
-    for item in sorted((i for i in items if weight(i)), key=lambda i: -weight(i)):
-        open_shares = [n for n in range(workers) if len(shares[n]) < sizes[n]]
-        n = min(open_shares, key=lambda k: loads[k])
-        shares[n].append(item)
-        loads[n] += weight(item)
-    rest = iter(i for i in items if not weight(i))
-    for n, share in enumerate(shares):
-        share.extend(next(rest) for _ in range(sizes[n] - len(share)))
-    items[:] = [item for share in shares for item in share]
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _own_databases() -> None:
     """This process's PostgreSQL and MariaDB databases exist (one pair per xdist worker)."""
