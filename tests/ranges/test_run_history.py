@@ -244,26 +244,32 @@ def test_skipped_rows_are_counted_and_each_retried_once(
     assert processed(engine) == cluster_rows
 
 
+def _both_read_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold each of two starting threads after its first read of the job's run until the
+    other has read too: both see the same run before either writes."""
+    import tasks.ranges.controls as module
+
+    barrier, held, read = threading.Barrier(2, timeout=10), threading.local(), module.current_run
+
+    def both_read_first(found_in: Any, job: str) -> Any:
+        run = read(found_in, job)
+        if not getattr(held, "read", False):
+            held.read = True
+            barrier.wait()
+        return run
+
+    monkeypatch.setattr(module, "current_run", both_read_first)
+
+
 @pytest.mark.parametrize("db_kind", ["sqlite", "postgresql"])
 def test_two_starts_at_once_open_one_run(engine: Engine, redis_client: redis.Redis,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Both starts read "no run" before either writes (a barrier holds the first of them
     there until the second has read too): one opens run 1, the other joins it."""
-    import tasks.ranges.controls as module
 
     seed_cm_data(engine, 10)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    barrier, held = threading.Barrier(2, timeout=10), threading.local()
-    read = module.current_run
-
-    def both_read_first(found_in: Any, job: str) -> Any:
-        run = read(found_in, job)
-        if not getattr(held, "done", False):
-            held.done = True
-            barrier.wait()
-        return run
-
-    monkeypatch.setattr(module, "current_run", both_read_first)
+    _both_read_first(monkeypatch)
     reports: list[dict[str, Any]] = []
 
     def start(who: str) -> None:
@@ -292,16 +298,8 @@ def test_a_start_that_commits_between_the_other_s_check_and_its_insert_is_joined
 
     seed_cm_data(engine, 10)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    barrier, a_done = threading.Barrier(2, timeout=10), threading.Event()
-    read, check = module.current_run, module.still_latest
-    held = threading.local()
-
-    def both_read_first(found_in: Any, job: str) -> Any:
-        run = read(found_in, job)
-        if not getattr(held, "read", False):
-            held.read = True
-            barrier.wait()
-        return run
+    a_done, check, held = threading.Event(), module.still_latest, threading.local()
+    _both_read_first(monkeypatch)
 
     def b_waits_for_a_after_its_check(session: Any, job: str, run: Any) -> bool:
         still = check(session, job, run)
@@ -310,7 +308,6 @@ def test_a_start_that_commits_between_the_other_s_check_and_its_insert_is_joined
             assert a_done.wait(20), "a's start never committed"
         return still
 
-    monkeypatch.setattr(module, "current_run", both_read_first)
     monkeypatch.setattr(module, "still_latest", b_waits_for_a_after_its_check)
     reports: dict[str, dict[str, Any]] = {}
 
