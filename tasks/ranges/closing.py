@@ -30,23 +30,29 @@ A keyed job (tasks.ranges.jobkeys) reads the same, and the database says which p
 holds each row found (a CASE over the partitions' upper keys, in its own ordering), since
 Python cannot order keys as the database does (a string's collation).
 
-Cost: the partition bounds of the job (one read) and one statement,
+Cost: the partition bounds of the job (one read) and
 `SELECT id FROM <table> WHERE <filter> LIMIT n` (n = CLOSING_LIMIT plus the quarantined rows):
 a scan of the rows still to do, through an index on the filter if the table has one, else
-of the table.
+of the table. A job of two or more partitions reads it as two statements at once on two
+connections, split at the middle partition's upper bound (`id <= cut`, `id > cut`): an
+unindexed scan, on the run's critical path, then takes both cores of the worker's machine
+(SQLite's driver lets go of the GIL while a statement runs) or two server processes. Both
+begin after t0, so what they find is what one read would.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextvars
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, literal, select, update
+from sqlalchemy import ColumnElement, Select, case, func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.jobs import RangeJob
@@ -107,14 +113,50 @@ def nothing_open(sessions: sessionmaker[Session], job: str) -> bool:
             WORK.c.status.in_((*S.OPEN, S.PAUSED))).limit(1)).first() is None
 
 
-def closing_read(session: Session, job: RangeJob, params: Any = None) -> list[int]:
-    """Ids of up to CLOSING_LIMIT rows of `job` still to do (its filter for the run's
-    parameters `params`), quarantined rows left out."""
-    quarantined = quarantined_of_job(session, job.name) if job.skip_on else frozenset()
+def closing_read(sessions: sessionmaker[Session], job: RangeJob, params: Any = None,
+                 cut: int | None = None) -> list[int]:
+    """Ids of rows of `job` still to do (its filter for the run's parameters `params`),
+    quarantined rows left out: up to CLOSING_LIMIT of them, or, split at the id `cut`, up to
+    CLOSING_LIMIT on each side, the two sides read at once on two connections (a scan of a
+    table without an index on the filter then takes both cores, or two server processes)."""
+    with sessions() as session:
+        quarantined = quarantined_of_job(session, job.name) if job.skip_on else frozenset()
     query = (select(job.id_col).where(job.filter(params))
              .limit(CLOSING_LIMIT + len(quarantined)))
-    ids = [int(i) for i in session.execute(query).scalars()]
+
+    def read(one: Select[Any]) -> list[int]:
+        with sessions() as session:
+            return [int(i) for i in session.execute(one).scalars()]
+
+    if cut is None:
+        ids = read(query)
+    else:
+        sides = (query.where(job.id_col <= cut), query.where(job.id_col > cut))
+        with ThreadPoolExecutor(len(sides), thread_name_prefix="closing") as pool:
+            # Each side in a copy of this context (log fields, the round's trace).
+            found = [pool.submit(contextvars.copy_context().run, read, side) for side in sides]
+            ids = [i for side in found for i in side.result()]
     return [i for i in ids if i not in quarantined]
+
+
+def _cut(sessions: sessionmaker[Session], parts: list[Any]) -> int | None:
+    """Where a closing read splits in two: the upper bound of the first half of the
+    partitions (ordered by `lo`). None, one read: fewer than two partitions, or a database
+    each connection of which is a database of its own (SQLite in memory)."""
+    if len(parts) < 2 or not _shared(sessions):
+        return None
+    return int(parts[len(parts) // 2 - 1][2])
+
+
+def _shared(sessions: sessionmaker[Session]) -> bool:
+    bind = sessions.kw.get("bind")
+    url = getattr(bind, "url", None)
+    if url is None:
+        return False
+    if url.get_backend_name() != "sqlite":
+        return True
+    database = url.database or ""
+    return database not in ("", ":memory:") and "mode=memory" not in str(url)
 
 
 def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
@@ -142,8 +184,7 @@ def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
         return result
     snapshot, began = _snapshot(sessions, job.name), utcnow()
     started = clock()
-    with sessions() as session:
-        result.found, holding = _found(session, job, params, snapshot)
+    result.found, holding = _found(sessions, job, params, snapshot)
     result.seconds = clock() - started
     with writing(sessions) as session:
         if not hold(session):
@@ -236,15 +277,16 @@ def _unchanged(session: Session, job: str, snapshot: _Snapshot) -> bool:
         snapshot.finished, snapshot.finished, snapshot.fences)
 
 
-def _found(session: Session, job: RangeJob, params: Any,
+def _found(sessions: sessionmaker[Session], job: RangeJob, params: Any,
            snapshot: _Snapshot) -> tuple[int, set[int]]:
     """The closing read: how many rows still to do it found, and the partitions holding
     them. A row outside every partition (committed after this round planned) is planned by
     the next round."""
     if job.keyed:
-        parts = keyed_closing_read(session, job, params, snapshot.parts)
+        with sessions() as session:
+            parts = keyed_closing_read(session, job, params, snapshot.parts)
         return len(parts), {p for p in parts if p is not None}
-    found = closing_read(session, job, params)
+    found = closing_read(sessions, job, params, _cut(sessions, snapshot.parts))
     los = [lo for _part, lo, _hi, _key in snapshot.parts]
     holding = set()
     for row_id in found:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine, Row, insert, select, update
+from sqlalchemy import Engine, Row, create_engine, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from bench.cm_data import load_config, mark_processed
@@ -24,6 +24,7 @@ from examples.tables import CM_DATA
 from lease import Leases
 from tasks.config.settings import SettingsError
 from tasks.deadletters.store import DeadLetters
+from tasks.ranges import closing
 from tasks.ranges.jobs import Context, RangeJob
 from tasks.ranges.reconciler import activate, reconcile_job
 from tasks.ranges.runner import DEAD_LETTER_KIND, Outcome
@@ -56,6 +57,45 @@ def round_now(sessions: sessionmaker[Session], client: redis.Redis, job: RangeJo
 
 
 # Item 2: a growing table loses rows.
+
+def test_the_closing_read_split_in_two_finds_rows_on_each_side_and_beyond_every_partition(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
+) -> None:
+    """A job of four partitions reads its closing read in two halves at once, split at the
+    second partition's upper bound: a row that came to match in the first partition and one in
+    the last are found, and the two partitions holding them
+    go back to pending; a row above every partition is found too (a round plans it)."""
+    seed_cm_data(engine, 40)
+    job = small(partition_size=10, batch_size=5)
+    plan(sessions, redis_client, job)
+    bounds = parts(engine)
+    assert len(bounds) == 4
+    for part, _lo, _hi in bounds:
+        assert runner(job, part, sessions, leases).run() == Outcome.DONE
+    cut = closing._cut(sessions, [(p, lo, hi, None) for p, lo, hi in bounds])
+    assert cut == bounds[1][2]
+    with engine.begin() as conn:  # rows 2 and 39 come to match again, below their checkpoints
+        conn.execute(update(CM_DATA).where(CM_DATA.c.id.in_([2, 39])).values(status=0))
+    assert round_now(sessions, redis_client, job, settle=0).reopened == 2
+    assert [(w.part, w.status) for w in map(lambda b: work(engine, b[0]), bounds)] == [
+        (0, S.PENDING), (1, S.DONE), (2, S.DONE), (3, S.PENDING)]
+    above = bounds[-1][2] + 5
+    add_row(engine, above)
+    assert sorted(closing.closing_read(sessions, job, None, cut)) == [2, 39, above]
+    assert sorted(closing.closing_read(sessions, job, None, None)) == [2, 39, above]
+
+
+def test_a_closing_read_on_sqlite_in_memory_is_not_split() -> None:
+    """Every connection of an in-memory SQLite database is a database of its own, so the
+    closing read there stays one statement on one connection."""
+    memory = sessionmaker(create_engine("sqlite://"))
+    file_backed = sessionmaker(create_engine("sqlite:////tmp/never-opened.sqlite"))
+    four = [(p, p * 10, p * 10 + 9, None) for p in range(4)]
+    assert closing._cut(memory, four) is None
+    assert closing._cut(file_backed, four) == 19
+    assert closing._cut(file_backed, four[:1]) is None
+
+
 
 def test_rows_committed_after_the_keyset_pass_are_processed_by_the_closing_round(
     engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
