@@ -22,7 +22,7 @@ there are; no scan of the job's table):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from importlib import import_module
@@ -215,9 +215,11 @@ def summarize(views: Sequence[PartitionView],
 
 def _summaries(totals: dict[str, dict[str, StateTotals]],
                sessions: sessionmaker[Session] | None) -> list[JobSummary]:
-    current_run = _run_reader(sessions)
-    return [_summary(job, states, current_run(job) if current_run is not None else None)
-            for job, states in sorted(totals.items())]
+    runs = _current_runs(sessions, {
+        job: (sum(s.rows_done for s in states.values()),
+              sum(s.rows_skipped for s in states.values()))
+        for job, states in totals.items()})
+    return [_summary(job, states, runs.get(job)) for job, states in sorted(totals.items())]
 
 
 def _summary(job: str, states: dict[str, StateTotals], run: Any) -> JobSummary:
@@ -247,18 +249,21 @@ def _derived_state(states: dict[str, int]) -> str:
     return "failed" if states.get(PartitionStatus.FAILED) else "done"
 
 
-def _run_reader(sessions: sessionmaker[Session] | None) -> Callable[[str], Any] | None:
-    """`job -> current_run(sessions, job)` from the wing's run history (`tasks.ranges.runs`,
-    looked up by name so this view also works on a schema without it), or None."""
+def _current_runs(sessions: sessionmaker[Session] | None,
+                  counts: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """Each job's current run from the wing's run history (`tasks.ranges.runs.current_runs`,
+    one read for every job, given the rows their partitions counted; looked up by name so this
+    view also works on a schema without it), or none."""
     if sessions is None:
-        return None
+        return {}
     try:
-        current_run = getattr(import_module("tasks.ranges.runs"), "current_run", None)
+        current_runs = getattr(import_module("tasks.ranges.runs"), "current_runs", None)
     except ImportError:
-        return None
-    if current_run is None:
-        return None
-    return lambda job: current_run(sessions, job)
+        return {}
+    if current_runs is None:
+        return {}
+    found: dict[str, Any] = current_runs(sessions, counts)
+    return found
 
 
 def format_eta(seconds: float | None) -> str:

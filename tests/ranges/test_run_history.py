@@ -25,7 +25,7 @@ import tests.support.control_jobs  # noqa: F401  (registers cm_flaky in this pro
 from examples.seed import seed_cm_data
 from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.ranges.controls import Controls
-from tasks.ranges.runs import runs_of
+from tasks.ranges.runs import current_run, current_runs, run_counts, runs_of
 from tasks.ranges.skips import SKIP_KIND
 from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, RunState
 from tasks.store.db import utcnow
@@ -79,6 +79,14 @@ def test_run_numbers_count_per_job_with_two_jobs_interleaved(engine: Engine,
     assert (newest["run"], newest["id"], newest["started_by"]) == (3, stored[-1].id,
                                                                    "ops@cm_data")
     assert newest["duration_s"] >= 0 and newest["finished_at"] is None
+    # Every job's current run in one read (a status of many jobs) is each job's own.
+    names = ("cm_data", "cm_flaky", "never_ran")
+    with sessions() as session:
+        counted = {job: run_counts(session, job) for job in names}
+    assert current_runs(sessions, counted) == {job: current_run(sessions, job)
+                                               for job in names[:2]}
+    live = current_runs(sessions, {"cm_data": (7, 2)})["cm_data"]
+    assert (live.number, live.rows, live.skipped) == (3, 7 - live.rows_base, 2)
     # The database itself refuses a second run 3 of cm_data.
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(insert(RANGE_RUNS).values(job="cm_data", number=3, state="running",
