@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Integer, Text, and_, any_, bindparam, cast
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from tasks.ranges.planning import Partition
@@ -83,6 +82,10 @@ class Context:
         values = list(ids)
         if self.session.get_bind().dialect.name != "postgresql":
             return column.in_(values)
+        # Imported here: the PostgreSQL dialect takes ~30 ms to import, which every process
+        # on another database (each CLI call, each worker) would otherwise pay.
+        from sqlalchemy.dialects.postgresql import ARRAY
+
         if isinstance(column.type, Integer) and all(type(v) is int for v in values):
             # One text parameter, `{1,2,3}`, cast by the server: the driver would otherwise
             # dump the list element by element in Python (a regex test per id: half the
