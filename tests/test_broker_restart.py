@@ -16,7 +16,7 @@ from celery import Celery
 from bench.faultproxy import FaultProxy
 from tests.support.db import fresh_database
 from tests.support.redis_server import RedisServer, free_port
-from tests.support.workers import platform_env, start_worker, wait_until
+from tests.support.workers import platform_env, start_worker, stop_all, wait_until
 
 
 @pytest.mark.timeout(150)
@@ -50,8 +50,7 @@ def test_busy_workers_stay_up_through_a_broker_restart_and_take_new_tasks(
         assert all(w.popen.poll() is None for w in workers)
     finally:
         client.close()
-        for worker in workers:
-            worker.stop()
+        stop_all(workers)
 
 
 @pytest.mark.timeout(180)

@@ -20,6 +20,7 @@ from tests.support.workers import (
     celery_call,
     platform_env,
     start_worker,
+    stop_all,
     wait_until,
 )
 
@@ -103,8 +104,7 @@ class Platform:
         assert got == {1: rows}, f"processed_count histogram {got}"
 
     def stop(self) -> None:
-        for proc in self.procs:
-            proc.stop()
+        stop_all(self.procs)
 
 
 CELERY_BEAT = [*CELERY, "beat", "--loglevel=INFO"]

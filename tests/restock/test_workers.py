@@ -26,6 +26,7 @@ from tests.support.workers import (
     celery_call,
     platform_env,
     start_worker,
+    stop_all,
     wait_until,
 )
 
@@ -48,8 +49,7 @@ def platform(
                        result_accept_content=["json"])
     procs: list[Proc] = []
     yield {"env": env, "client": client, "procs": procs, "nodes": two_nodes}
-    for proc in procs:
-        proc.stop()
+    stop_all(procs)
     client.close()
 
 

@@ -101,6 +101,23 @@ class Proc:
         self.popen.wait()
 
 
+def stop_all(procs: list[Proc], timeout: float = 20.0) -> None:
+    """Stop every process of `procs` at once: SIGTERM to each (warm shutdown), then wait for
+    all of them, then SIGKILL what lingers. One after another, each idle worker's warm shutdown
+    (about 2 s, most of it billiard waiting for its pool) added up in every test's teardown."""
+    for proc in procs:
+        if proc.popen.poll() is None:
+            proc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.popen.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        proc.stop(timeout=0)
+
+
 def start_worker(
     env: Mapping[str, str], concurrency: int = 1, name: str | None = None, *extra: str
 ) -> Proc:
