@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import forkcli
 from tests.support.brokers import platform_client
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, celery_call, platform_env
@@ -17,11 +18,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
-    import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "tasks", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=90)
+    done = forkcli.run([sys.executable, "-m", "tasks", *args], env, ROOT, 90)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

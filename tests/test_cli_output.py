@@ -24,6 +24,7 @@ from tasks.deadletters.store import DeadLetters
 from tasks.ranges.tables import WORK
 from tasks.store.db import utcnow
 from tests import SAMPLE_MODULES
+from tests.support import forkcli
 from tests.support.workers import ROOT, platform_env
 from tests.test_status_cli import _in_terminal
 
@@ -35,8 +36,7 @@ TIME_KEYS = ("at", "due", "next_due", "last_due", "queued")
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return forkcli.run([sys.executable, "-m", "tasks", *args], env, ROOT, 120)
 
 
 def _ok(env: dict[str, str], *args: str) -> str:
@@ -59,8 +59,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     engine = fresh_database(url)
     env = platform_env(REDIS_URL=WORKER_REDIS_URL, DATABASE_URL=url,
                        EXTRA_TASK_MODULES=f"{SAMPLE_MODULES},tests.support.param_jobs")
-    seeded = subprocess.run([sys.executable, "-m", "examples.seed", "--rows", "300"], env=env,
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    seeded = forkcli.run([sys.executable, "-m", "examples.seed", "--rows", "300"], env, ROOT, 120)
     assert seeded.returncode == 0, seeded.stderr
     _ok(env, "jobs", "start", "cm_data")  # no worker: it stays pending, nothing races
     _ok(env, "jobs", "throttle", "cm_data", "5")

@@ -31,12 +31,12 @@ from tasks.deadletters.tables import DEAD_LETTERS
 from tasks.store.db import utcnow
 from tasks.store.resources import make_engine
 from tasks.worker.base import DEAD_LETTERED
+from tests.support import forkcli
 from tests.support.workers import ROOT, start_worker
 
 
 def letters_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks", "deadletters", *args], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return forkcli.run([sys.executable, "-m", "tasks", "deadletters", *args], env, ROOT, 120)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from tasks.deadletters.store import DeadLetters
 from tasks.ranges.status import PartitionView, format_eta, summarize
 from tasks.ranges.tables import WORK
 from tasks.store.db import utcnow
+from tests.support import forkcli
 from tests.support.workers import ROOT, start_worker, wait_until
 
 OWNER = "w-long-worker-name@build-host-17.example.internal:123456"
@@ -44,8 +45,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def status_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks", "status", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return forkcli.run([sys.executable, "-m", "tasks", "status", *args], env, ROOT, 120)
 
 
 @pytest.fixture
@@ -191,15 +191,13 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
     env, engine = migrated
     env = dict(env, CM_DATA_PARTITION_SIZE="1000", CM_DATA_BATCH_SIZE="50",
                CM_DATA_BATCH_DELAY="0.3", CM_DATA_PARALLELISM="1")
-    seeded = subprocess.run([sys.executable, "-m", "examples.seed", "--rows", "2000"], env=env,
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    seeded = forkcli.run([sys.executable, "-m", "examples.seed", "--rows", "2000"], env, ROOT, 120)
     assert seeded.returncode == 0, seeded.stderr
     # Started and held back (2,000 rows take 100 s) before any worker runs, so a partition is
     # still running when the piped status below is read, however busy the machine; the hold
     # is lifted once it was.
     for verb in (["start", "cm_data"], ["throttle", "cm_data", "20"]):
-        done = subprocess.run([sys.executable, "-m", "tasks", "jobs", *verb], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
+        done = forkcli.run([sys.executable, "-m", "tasks", "jobs", *verb], env, ROOT, 120)
         assert done.returncode == 0, done.stderr
     name = f"wst{uuid.uuid4().hex[:6]}"
     worker = start_worker(env, 2, name)
@@ -219,8 +217,8 @@ def test_the_owner_is_the_worker_name_and_its_pool_pid(migrated: Any, tmp_path: 
         piped = status_cli(env).stdout
         assert part["owner"] in piped
         # Lifted by the CLI, which writes the cap itself: both pool processes may be busy.
-        lifted = subprocess.run([sys.executable, "-m", "tasks", "jobs", "throttle", "cm_data", "0"],
-                                env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        lifted = forkcli.run([sys.executable, "-m", "tasks", "jobs", "throttle", "cm_data", "0"],
+                             env, ROOT, 120)
         assert lifted.returncode == 0, lifted.stderr
 
         def finished() -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from tasks.celery import configure
 from tasks.config.settings import SettingsError
 from tasks.wings import WINGS, enabled, load_settings, load_tables
+from tests.support import forkcli
 from tests.support.db import DATABASES
 from tests.support.workers import ROOT, platform_env, start_worker
 
@@ -56,8 +57,7 @@ class Database:
         return env
 
     def migrate(self, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tasks", "migrate"], env=self.env(**extra),
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return forkcli.run([sys.executable, "-m", "tasks", "migrate"], self.env(**extra), ROOT, 120)
 
     def tables(self) -> set[str]:
         return set(inspect(self.engine).get_table_names(schema=self.schema))
@@ -235,8 +235,7 @@ def test_a_worker_starts_with_restock_off(databases: Callable[[str], Database],
 
 
 def _cli(db: Database, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks", *args], env=db.env(**extra), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return forkcli.run([sys.executable, "-m", "tasks", *args], db.env(**extra), ROOT, 120)
 
 
 def test_status_and_jobs_show_only_the_wings_that_are_on(

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from typing import Any
 
@@ -12,6 +11,7 @@ from sqlalchemy import Engine, func, select
 from examples.tables import CM_DATA
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.tables import WorkItem
+from tests.support import forkcli
 from tests.support.redis_server import RedisServer
 from tests.support.workers import (
     CELERY,
@@ -62,9 +62,8 @@ class Platform:
     def start_held(self, rows_per_s: float, job: str = "cm_data") -> None:
         """Start the job and cap it from the operator CLI before any worker runs it: the run
         cannot end before what a test does to it has landed, however busy the machine."""
-        done = subprocess.run([sys.executable, "-m", "tasks", "jobs", "start", job],
-                              env=self.env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=60)
+        done = forkcli.run([sys.executable, "-m", "tasks", "jobs", "start", job], self.env,
+                           ROOT, 60)
         assert done.returncode == 0, done.stderr
         self.throttle(rows_per_s)
 
@@ -73,9 +72,8 @@ class Platform:
         tests hold a run back with it until what they do to it has landed. `ended_ok`: the
         run may have succeeded already (a FLUSHALL drops the cap's Redis copy until the next
         reconcile round restores it, and a small run can end in that window)."""
-        done = subprocess.run([sys.executable, "-m", "tasks", "jobs", "throttle", "cm_data",
-                               str(rows_per_s)], env=self.env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=60)
+        done = forkcli.run([sys.executable, "-m", "tasks", "jobs", "throttle", "cm_data",
+                               str(rows_per_s)], self.env, ROOT, 60)
         if ended_ok and done.returncode != 0 and " is succeeded " in done.stderr:
             return
         assert done.returncode == 0, done.stderr

@@ -18,6 +18,7 @@ from tasks.ranges.tables import RANGE_RUN_EVENTS, RANGE_RUNS
 from tasks.ranges.tables import PartitionStatus as S
 from tests import SAMPLE_MODULES
 from tests.ranges.cluster import Platform
+from tests.support import forkcli
 from tests.support.workers import ROOT
 
 __all__ = ["control_platform", "jobs_cli", "runs", "events", "holders", "processed", "idle",
@@ -33,8 +34,7 @@ def control_platform(make: Callable[..., Platform], **env: str) -> Platform:
 
 def jobs_cli(cluster: Platform, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m tasks jobs ARGS...` exactly as an operator types it."""
-    return subprocess.run([sys.executable, "-m", "tasks", "jobs", *args], env=cluster.env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return forkcli.run([sys.executable, "-m", "tasks", "jobs", *args], cluster.env, ROOT, 60)
 
 
 def runs(engine: Engine, job: str = "cm_data") -> list[Any]:

@@ -4,7 +4,6 @@ partition and the takeover of its partition by another worker."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ from tasks.ranges.tables import RANGE_RUNS, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tests import SAMPLE_MODULES
 from tests.ranges.cluster import Platform
+from tests.support import forkcli
 from tests.support.workers import ROOT, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -26,8 +26,7 @@ BATCH = 250
 
 def cli(cluster: Platform, *args: str) -> None:
     """`python -m tasks jobs ARGS`, as an operator runs it (needs no worker)."""
-    done = subprocess.run([sys.executable, "-m", "tasks", "jobs", *args], env=cluster.env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = forkcli.run([sys.executable, "-m", "tasks", "jobs", *args], cluster.env, ROOT, 60)
     assert done.returncode == 0, done.stderr
 
 

@@ -31,6 +31,7 @@ from tasks.ranges.workrow import WorkRow
 from tasks.store.resources import make_engine
 from tests.ranges.test_closing import round_now, start
 from tests.ranges.test_runner import counts, plan, runner, small, work
+from tests.support import forkcli
 from tests.support.workers import ROOT, platform_env
 
 
@@ -123,8 +124,7 @@ def test_the_cli_start_with_redis_on_a_closed_port_opens_a_run_the_reconciler_wi
                        DATABASE_URL=f"sqlite:///{tmp_path}/t.sqlite")
 
     def cli(*args: str, module: str = "tasks") -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
+        return forkcli.run([sys.executable, "-m", module, *args], env, ROOT, 120)
 
     assert cli("migrate").returncode == 0
     assert cli("--rows", "10", module="examples.seed").returncode == 0

@@ -31,6 +31,7 @@ from tasks.ranges.tables import RANGE_RUNS, SCHEDULES, RunState
 from tasks.store.db import utcnow
 from tests.ranges.cluster import DATA, Platform
 from tests.ranges.control_support import control_platform, events, jobs_cli, runs
+from tests.support import forkcli
 from tests.support.control_jobs import BOOM
 from tests.support.redis_server import free_port
 from tests.support.workers import ROOT, celery_call, wait_until
@@ -41,8 +42,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def cli(cluster: Platform, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m tasks ARGS...` as an operator types it."""
-    return subprocess.run([sys.executable, "-m", "tasks", *args], env=cluster.env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return forkcli.run([sys.executable, "-m", "tasks", *args], cluster.env, ROOT, 60)
 
 
 def refused(done: subprocess.CompletedProcess[str], said: str) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.support import forkcli
+
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = [sys.executable, "-m", "celery", "-A", "tasks"]
 
@@ -38,10 +40,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def celery_call(env: Mapping[str, str], task: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run `celery -A tasks call TASK ARGS...` exactly as a user would."""
-    return subprocess.run(
-        [*CELERY, "call", task, *args], env=dict(env), cwd=ROOT,
-        capture_output=True, text=True, timeout=60,
-    )
+    return forkcli.run([*CELERY, "call", task, *args], dict(env), ROOT, 60)
 
 
 class Proc:
