@@ -100,10 +100,13 @@ class Proc:
         self.popen.wait()
 
 
-def stop_all(procs: list[Proc], timeout: float = 20.0) -> None:
-    """Stop every process of `procs` at once: SIGTERM to each (warm shutdown), then wait for
-    all of them, then SIGKILL what lingers. One after another, each idle worker's warm shutdown
-    (about 2 s, most of it billiard waiting for its pool) added up in every test's teardown."""
+def stop_all(procs: list[Proc], timeout: float = 5.0) -> None:
+    """Stop every process of `procs` at once (a test's teardown): SIGTERM to each (warm
+    shutdown), then wait for all of them, then SIGKILL what lingers after `timeout`. One after
+    another, each idle worker's warm shutdown (about 2 s, most of it billiard waiting for its
+    pool) added up in every test's teardown; and a teardown has nothing left to check, so a
+    process still shutting down after a few seconds (a worker waiting out a busy SQLite
+    file on a loaded machine: 20 s seen) is killed."""
     for proc in procs:
         if proc.popen.poll() is None:
             proc.signal(signal.SIGTERM)
