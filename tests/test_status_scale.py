@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from tests.support import forkcli
 from tests.support.planted import owner_of, plant, state_of
 from tests.support.workers import ROOT, Proc
 from tests.test_console_http import Browserless, console_env, start_console
@@ -51,8 +52,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, 
 
 
 def status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasks", "status", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return forkcli.run([sys.executable, "-m", "tasks", "status", *args], env, ROOT, 120)
 
 
 def status_json(env: dict[str, str], *args: str) -> dict[str, Any]:
