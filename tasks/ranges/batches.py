@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, bindparam, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Row, and_, select, tuple_
 from sqlalchemy.orm import Session
 
 from tasks.observe.metrics import record
@@ -44,7 +44,7 @@ from tasks.ranges.jobs import Context
 from tasks.ranges.metrics import RangeSeries
 from tasks.ranges.outcomes import FilterNotCleared
 from tasks.ranges.planning import Partition
-from tasks.ranges.reads import BatchRows, Reads, id_at, ids_of
+from tasks.ranges.reads import BatchRows, Reads, built, id_at, ids_of
 from tasks.ranges.sizing import SETTLED, Sizer
 from tasks.ranges.skips import Skips, quarantined_ids
 from tasks.ranges.workrow import WorkRow
@@ -124,13 +124,8 @@ class Batches:
         self.reads = Reads(job, partition.hi, where, partition.hi_key)
         self._pending_skips: frozenset[int] = frozenset()  # quarantined by the open batch
         self._leave_out()
-        self._left_in_range = (select(job.id_col)
-                               .where(job.id_col.between(bindparam("first"), bindparam("last")),
-                                      where)
-                               .limit(1))
-        self._left = (select(job.id_col)
-                      .where(job.id_col.in_(bindparam("ids", expanding=True)), where)
-                      .limit(1))
+        statements = built(job, where)
+        self._left_in_range, self._left = statements.left_in_range, statements.left
 
     @property
     def size(self) -> int:

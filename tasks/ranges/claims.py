@@ -10,13 +10,14 @@ dies before it claimed the row leaves a reservation that lapses after `hold` sec
 
 Per database (two claimers never get the same partition):
 
-    PostgreSQL  SELECT ... ORDER BY part LIMIT n FOR UPDATE SKIP LOCKED, then
-                UPDATE ... WHERE id IN (those) AND <still pending, not reserved> RETURNING part
-    MariaDB     the same SELECT ... FOR UPDATE SKIP LOCKED (10.6+) in the transaction, then
-                the UPDATE; the selected rows are locked by us, so every one of them matched
-    SQLite      one writer at a time (the transaction takes the write lock up front): the
-                SELECT, then the compare-and-set UPDATE ... RETURNING part, which matches
-                only rows still pending and unreserved
+    PostgreSQL  SELECT ... ORDER BY part LIMIT n FOR UPDATE SKIP LOCKED, then the UPDATE
+    MariaDB     of those rows; they are locked by this transaction, so every one of them
+                matched. (Not one UPDATE ... WHERE id IN (that SELECT): PostgreSQL may run
+                a LIMIT ... FOR UPDATE subquery more than once and reserve more than n;
+                MariaDB takes no LIMIT in an IN subquery.)
+    SQLite      one writer at a time (the transaction takes the write lock up front): one
+                statement, UPDATE ... WHERE id IN (SELECT ... ORDER BY part LIMIT n) AND
+                <still pending, not reserved> RETURNING part
 
 Cost: an index range of the job's pending partitions in partition order
 (`ix_work_items_job_status_part`), stopping after `n` unreserved ones; never a read or a sort
@@ -27,16 +28,28 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import Integer, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.ranges.runs import writing
 from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S
-from tasks.ranges.workrow import partitions_of
+from tasks.ranges.workrow import RANGE_KIND
 from tasks.store.db import utcnow
 
 __all__ = ["claim_pending"]
+
+# Built once (a runner claims before each partition); the job, the cut-off and `n` are bound.
+_FREE = and_(WORK.c.kind == RANGE_KIND, WORK.c.job == bindparam("claim_job"),
+             WORK.c.status == S.PENDING,
+             or_(WORK.c.dispatched_at.is_(None), WORK.c.dispatched_at < bindparam("cutoff")))
+_CHOOSE = (select(WORK.c.id, WORK.c.part).where(_FREE).order_by(WORK.c.part)
+           .limit(bindparam("n", type_=Integer)).with_for_update(skip_locked=True))
+_RESERVE = (update(WORK).where(WORK.c.id.in_(bindparam("ids", expanding=True)), _FREE)
+            .values(dispatched_at=bindparam("reserved_at")))
+_PICK = select(WORK.c.id).where(_FREE).order_by(WORK.c.part).limit(bindparam("n", type_=Integer))
+_TAKE = (update(WORK).where(WORK.c.id.in_(_PICK), _FREE)
+         .values(dispatched_at=bindparam("reserved_at")).returning(WORK.c.part))
 
 
 def claim_pending(sessions: sessionmaker[Session], job: str, n: int, *,
@@ -47,21 +60,11 @@ def claim_pending(sessions: sessionmaker[Session], job: str, n: int, *,
     if n <= 0:
         return []
     now = utcnow()
-    free = and_(partitions_of(job), WORK.c.status == S.PENDING,
-                or_(WORK.c.dispatched_at.is_(None),
-                    WORK.c.dispatched_at < now - timedelta(seconds=hold)))
+    free = {"claim_job": job, "cutoff": now - timedelta(seconds=hold), "reserved_at": now}
     with writing(sessions) as session:  # SQLite: the write lock up front (BEGIN IMMEDIATE)
-        dialect = session.get_bind().dialect
-        query = select(WORK.c.id, WORK.c.part).where(free).order_by(WORK.c.part).limit(n)
-        if dialect.name != "sqlite":
-            query = query.with_for_update(skip_locked=True)
-        chosen = session.execute(query).all()
-        if not chosen:
-            return []
-        reserve = update(WORK).where(WORK.c.id.in_([row.id for row in chosen]), free) \
-            .values(dispatched_at=now)
-        if dialect.update_returning:
-            return sorted(int(p) for p in session.execute(
-                reserve.returning(WORK.c.part)).scalars())
-        session.execute(reserve)  # MariaDB: every chosen row is locked by this transaction
+        if session.get_bind().dialect.name == "sqlite":
+            return sorted(int(p) for p in session.execute(_TAKE, {**free, "n": n}).scalars())
+        chosen = session.execute(_CHOOSE, {**free, "n": n}).all()
+        if chosen:  # every chosen row is locked by this transaction
+            session.execute(_RESERVE, {**free, "ids": [row.id for row in chosen]})
         return sorted(int(row.part) for row in chosen)

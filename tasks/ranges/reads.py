@@ -10,7 +10,9 @@ reads, and decides when a partition is done, is `tasks.ranges.batches`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 from sqlalchemy import ColumnElement, Connection, Dialect, Integer, Row, Select, bindparam, select
@@ -20,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tasks.ranges.jobkeys import KeyValue
 from tasks.ranges.jobs import RangeJob
 
-__all__ = ["Reads", "BatchRows", "id_at", "ids_of", "plain"]
+__all__ = ["Reads", "BatchRows", "Built", "built", "id_at", "ids_of", "plain"]
 
 
 class BatchRows(Sequence[Row[Any]]):
@@ -102,6 +104,44 @@ def plain(columns: Sequence[Any], dialect: Dialect) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Built:
+    """The statements of a job's partition runs for one filter (`where`), built once: a
+    runner takes one partition after another, and building them cost each run about as much
+    as its first batch of a thousand rows. The partition's bounds are bound per call."""
+
+    where: ColumnElement[bool]
+    columns: list[Any]
+    make_row: Callable[[Any], Row[Any]]
+    read: Select[Any]  # the rows matching `where` in :from_id..:hi, in id order, :size of them
+    left_in_range: Select[Any]  # a row of :first..:last that still matches `where`
+    left: Select[Any]  # a row among :ids that still matches `where`
+
+
+# One entry a job (by job object, as `sizing.SETTLED`): the statements of its last filter. A
+# filter made from a run's parameters is a new clause each run, so it is built anew, once.
+_BUILT: dict[int, tuple[weakref.ref[RangeJob], Built]] = {}
+
+
+def built(job: RangeJob, where: ColumnElement[bool]) -> Built:
+    """`job`'s statements for `where`, built on the first call with this filter."""
+    found = _BUILT.get(id(job))
+    if found is not None and found[0]() is job and found[1].where is where:
+        return found[1]
+    columns = [job.table.c[c] for c in job.columns] if job.columns else list(job.table.c)
+    between = job.id_col.between(bindparam("first"), bindparam("last"))
+    made = Built(
+        where, columns, result_tuple([c.key for c in columns], [(c,) for c in columns]),
+        read=(select(*columns)
+              .where(job.id_col >= bindparam("from_id"), job.id_col <= bindparam("hi"), where)
+              .order_by(job.id_col).limit(bindparam("size", type_=Integer))),
+        left_in_range=select(job.id_col).where(between, where).limit(1),
+        left=(select(job.id_col).where(job.id_col.in_(bindparam("ids", expanding=True)), where)
+              .limit(1)))
+    _BUILT[id(job)] = (weakref.ref(job), made)
+    return made
+
+
 class Reads:
     """The reads of `job`'s rows up to `hi`: `fetch(conn, from_id, size)` returns the next
     `size` rows that match `where` (the job's filter for the run's parameters) from
@@ -114,20 +154,18 @@ class Reads:
 
     def __init__(self, job: RangeJob, hi: int, where: ColumnElement[bool],
                  hi_key: KeyValue | None = None) -> None:
-        columns = ([job.table.c[c] for c in job.columns] if job.columns
-                   else list(job.table.c))
-        self.job = job
+        statements = built(job, where)
+        columns = statements.columns
+        self.job, self.hi = job, hi
         self._columns = columns
         names = [c.key for c in columns]
         self._id_index = names.index(job.id_column)
         self._key_index = [names.index(n) for n in job.keyset.names]
-        self._make_row = result_tuple(names, [(c,) for c in columns])
+        self._make_row = statements.make_row
         self._raw_ok: bool | None = None  # the columns need no conversion (first read says)
         self._where, self._hi_key = where, hi_key
         self._keyed: dict[tuple[str, bool], Select[Any]] = {}
-        self._query = (select(*columns)
-                       .where(job.id_col >= bindparam("from_id"), job.id_col <= hi, where)
-                       .order_by(job.id_col).limit(bindparam("size", type_=Integer)))
+        self._query = statements.read
         self._read = self._query
         self._left_out: frozenset[int] = frozenset()
 
@@ -171,7 +209,7 @@ class Reads:
             read = self._keyed_read(dialect, after is not None)
             values = self.job.keyset.bind(after) if after is not None else {}
             return read.params(size=size, **values)
-        return self._read.params(from_id=from_id, size=size)
+        return self._read.params(from_id=from_id, hi=self.hi, size=size)
 
     def fetch(self, conn: Connection, from_id: int, size: int,
               after: KeyValue | None = None) -> BatchRows:
@@ -184,7 +222,7 @@ class Reads:
             values = self.job.keyset.bind(after) if after is not None else {}
             result = conn.execute(read, {"size": size, **values})
         else:
-            result = conn.execute(self._read, {"from_id": from_id, "size": size})
+            result = conn.execute(self._read, {"from_id": from_id, "hi": self.hi, "size": size})
         if not self._raw_ok or result.cursor is None:
             return BatchRows(result.all(), None, self._id_index)
         try:

@@ -68,6 +68,52 @@ def partitions_of(job: str) -> ColumnElement[bool]:
     return and_(WORK.c.kind == RANGE_KIND, WORK.c.job == job)
 
 
+# The statements of a partition's run, built once: a run takes several of them, and building
+# one costs SQLAlchemy hundreds of microseconds where running it costs tens. The job, the
+# partition and the values are bound per call.
+_ROW = and_(WORK.c.kind == RANGE_KIND, WORK.c.job == bindparam("row_job"),
+            WORK.c.part == bindparam("row_part"))
+_LOAD = select(WORK).where(_ROW)
+# A row still `running` counts a crash of its holder, unless that holder stopped for an outage
+# (its fence is `outage_fence`; NO_OUTAGE, below every fence, when there was none).
+NO_OUTAGE = -1
+_TOOK_OVER = case((and_(WORK.c.status == S.RUNNING, WORK.c.fence != bindparam("outage_fence")),
+                   1), else_=0)
+_CLAIM = (
+    update(WORK).where(_ROW, WORK.c.fence < bindparam("new_fence"), WORK.c.status.in_(S.OPEN))
+    # `crashes` first: MariaDB evaluates SET assignments left to right, so it must read the
+    # old status before `status` is assigned.
+    .ordered_values(
+        (WORK.c.crashes, WORK.c.crashes + _TOOK_OVER), (WORK.c.fence, bindparam("new_fence")),
+        (WORK.c.status, S.RUNNING), (WORK.c.owner, bindparam("new_owner")),
+        (WORK.c.claims, WORK.c.claims + 1), (WORK.c.started_at, bindparam("claimed_at")),
+        (WORK.c.heartbeat_at, bindparam("claimed_at")), (WORK.c.error, None),
+        # A claimed row is no longer reserved (tasks.ranges.claims): handed back, it may be
+        # claimed again at once.
+        (WORK.c.dispatched_at, None)))
+# The run the partition belongs to (the id of the job's latest run) with the claimed row.
+_LATEST_RUN = (select(func.max(RANGE_RUNS.c.id)).where(RANGE_RUNS.c.job == bindparam("row_job"))
+               .scalar_subquery())
+_CLAIMED = select(WORK.c.id, WORK.c.lo, WORK.c.hi, WORK.c.next_id, WORK.c.crashes,
+                  WORK.c.claims, WORK.c.collection_cursor, _LATEST_RUN.label("run"),
+                  WORK.c.lo_key, WORK.c.hi_key, WORK.c.next_key).where(_ROW)
+_HELD = and_(_ROW, WORK.c.fence == bindparam("mine"), WORK.c.status == S.RUNNING)
+# A batch's guard: the fence and the figures are bound per batch (a keyed job's cursor too,
+# tasks.ranges.jobkeys).
+_CHECKPOINT_VALUES: dict[str, Any] = {
+    "next_id": bindparam("checkpoint"), "rows_done": WORK.c.rows_done + bindparam("batch_rows"),
+    "heartbeat_at": bindparam("now"), "rate": bindparam("rows_per_s"), "crashes": 0,
+    "throttled_until": None}
+_CHECKPOINT = update(WORK).where(_HELD).values(**_CHECKPOINT_VALUES)
+_CHECKPOINT_KEYED = update(WORK).where(_HELD).values(**_CHECKPOINT_VALUES,
+                                                      next_key=bindparam("key"))
+_FINISH = update(WORK).where(_HELD).values(
+    status=case((WORK.c.rows_done > 0, S.DONE), else_=S.EMPTY), owner=None,
+    next_id=bindparam("scanned"), finished_at=bindparam("now"), heartbeat_at=bindparam("now"),
+    settled_at=None, crashes=0)
+_STATUS = select(WORK.c.status).where(_ROW)
+
+
 class WorkRow:
     """The work row of `job`'s partition `part`, written by the holder called `owner`."""
 
@@ -75,22 +121,17 @@ class WorkRow:
                  owner: str) -> None:
         self.job, self.part = job, part
         self.sessions, self.owner = sessions, owner
-        self._where = (partitions_of(job.name), WORK.c.part == part)
-        # The batch's guard, built once per run: the fence and the figures are bound per batch
-        # (a keyed job's cursor too, tasks.ranges.jobkeys).
-        keyed: dict[str, Any] = {"next_key": bindparam("key")} if job.keyed else {}
-        self._checkpoint = (
-            update(WORK).where(*self._where, WORK.c.fence == bindparam("mine"),
-                               WORK.c.status == S.RUNNING)
-            .values(next_id=bindparam("checkpoint"),
-                    rows_done=WORK.c.rows_done + bindparam("batch_rows"),
-                    heartbeat_at=bindparam("now"), rate=bindparam("rows_per_s"),
-                    crashes=0, throttled_until=None, **keyed))
+        self._row = {"row_job": job.name, "row_part": part}
+
+    @property
+    def _where(self) -> tuple[ColumnElement[bool], ...]:
+        """The row, for the statements built per call (the run's own are built once)."""
+        return partitions_of(self.job.name), WORK.c.part == self.part
 
     def load(self) -> Any:
         """The row as stored; `UnknownPartition` if the reconciler never planned it."""
         with self.sessions() as session:
-            row = session.execute(select(WORK).where(*self._where)).first()
+            row = session.execute(_LOAD, self._row).first()
         if row is None:
             raise UnknownPartition(f"range job {self.job.name} has no partition {self.part} "
                                    "(not planned yet: start the job first)")
@@ -102,38 +143,16 @@ class WorkRow:
         fence claimed it first or it is finished. A row still `running` counts a crash of
         its holder, unless that holder's fence is `outage_fence` (it stopped for a database
         outage and could not say so in the row)."""
-        now = utcnow()
-        crashed = WORK.c.status == S.RUNNING
-        if outage_fence is not None:
-            crashed = and_(crashed, WORK.c.fence != outage_fence)
-        took_over = case((crashed, 1), else_=0)
         with self.sessions.begin() as session:
-            # `crashes` first: MariaDB evaluates SET assignments left to right, so it must read
-            # the old status before `status` is assigned.
-            claimed = affected(session.execute(
-                update(WORK)
-                .where(*self._where, WORK.c.fence < fence, WORK.c.status.in_(S.OPEN))
-                .ordered_values(
-                    (WORK.c.crashes, WORK.c.crashes + took_over), (WORK.c.fence, fence),
-                    (WORK.c.status, S.RUNNING), (WORK.c.owner, self.owner),
-                    (WORK.c.claims, WORK.c.claims + 1), (WORK.c.started_at, now),
-                    (WORK.c.heartbeat_at, now), (WORK.c.error, None),
-                    # A claimed row is no longer reserved (tasks.ranges.claims): handed back,
-                    # it may be claimed again at once.
-                    (WORK.c.dispatched_at, None))
-            ))
+            claimed = affected(session.execute(_CLAIM, {
+                **self._row, "new_fence": fence, "new_owner": self.owner,
+                "claimed_at": utcnow(),
+                "outage_fence": NO_OUTAGE if outage_fence is None else outage_fence}))
             if claimed != 1:
                 return None
-            # The run the partition belongs to, read under the claim's row lock: a new run
-            # that re-plans the job deletes this row, so it cannot commit in between.
-            run = (select(func.max(RANGE_RUNS.c.id)).where(RANGE_RUNS.c.job == self.job.name)
-                   .scalar_subquery())
-            return session.execute(
-                select(WORK.c.id, WORK.c.lo, WORK.c.hi, WORK.c.next_id, WORK.c.crashes,
-                       WORK.c.claims, WORK.c.collection_cursor, run.label("run"),
-                       WORK.c.lo_key, WORK.c.hi_key, WORK.c.next_key)
-                .where(*self._where)
-            ).one()
+            # The run is read under the claim's row lock: a new run that re-plans the job
+            # deletes this row, so it cannot commit in between.
+            return session.execute(_CLAIMED, self._row).one()
 
     def guard(self, fence: int) -> Update:
         """An UPDATE of the row that matches only while the holder of `fence` owns it."""
@@ -146,11 +165,12 @@ class WorkRow:
         keyed job's cursor to `key`, stored form) and `rows` more are counted done, in the
         batch's transaction on `conn`. `FencedOut` (roll the batch back) if the holder of
         `fence` no longer owns the row."""
-        values = {"mine": fence, "checkpoint": checkpoint, "batch_rows": rows,
+        values = {**self._row, "mine": fence, "checkpoint": checkpoint, "batch_rows": rows,
                   "now": utcnow(), "rows_per_s": rows_per_s}
+        statement = _CHECKPOINT
         if self.job.keyed:
-            values["key"] = key
-        guarded = affected(conn.execute(self._checkpoint, values))
+            values["key"], statement = key, _CHECKPOINT_KEYED
+        guarded = affected(conn.execute(statement, values))
         if guarded != 1:
             raise FencedOut()
 
@@ -186,14 +206,11 @@ class WorkRow:
         """Mark the row done (or empty when no row was processed), in the transaction of the
         closing read; `scanned` is the checkpoint above every id the run read. Returns the
         final status; `FencedOut` if a newer holder owns the row."""
-        now = utcnow()
-        status = case((WORK.c.rows_done > 0, S.DONE), else_=S.EMPTY)
-        done = affected(conn.execute(self.guard(fence).values(
-            status=status, owner=None, next_id=scanned, finished_at=now, heartbeat_at=now,
-            settled_at=None, crashes=0)))
+        done = affected(conn.execute(_FINISH, {**self._row, "mine": fence, "scanned": scanned,
+                                               "now": utcnow()}))
         if done != 1:
             raise FencedOut()
-        final = conn.execute(select(WORK.c.status).where(*self._where)).scalar_one()
+        final = conn.execute(_STATUS, self._row).scalar_one()
         log.info("range %s part %s: %s", self.job.name, self.part, final)
         return str(final)
 

@@ -22,7 +22,7 @@ from lease import Leases
 from tasks.ranges import batches
 from tasks.ranges.batches import Batches
 from tasks.ranges.jobs import Context
-from tasks.ranges.reads import BatchRows, plain
+from tasks.ranges.reads import BatchRows, built, plain
 from tasks.ranges.runner import Outcome
 from tasks.ranges.tables import WORK
 from tests.ranges.test_guarantees import add_row, round_now
@@ -256,3 +256,35 @@ def test_a_span_write_touches_only_the_rows_its_read_returned(
     with engine.connect() as conn:
         assert conn.execute(select(CM_DATA.c.processed_count).where(CM_DATA.c.id == 11)) \
             .scalar_one() == 1
+
+
+def test_the_partitions_of_a_job_share_its_statements_and_each_reads_only_its_own_rows(
+    engine: Engine, sessions: sessionmaker[Session], leases: Leases, redis_client: redis.Redis
+) -> None:
+    """The reads and checks are built once per job and filter (`reads.built`) with the
+    partition's bounds bound per call: three partitions run one after another in one
+    process on the same statements, each processes exactly its own rows, and a filter
+    made anew (a run's parameters) gets statements of its own."""
+    seed_cm_data(engine, 2500)
+    seen: dict[int, list[int]] = {}
+
+    def note(rows: Sequence[Row[Any]], ctx: Context) -> None:
+        seen.setdefault(ctx.partition.part, []).extend(r.id for r in rows)
+        mark_processed(rows, ctx)
+
+    job = small(process=note)
+    plan(sessions, redis_client, job)
+    shared = built(job, job.filter())
+    for part in (2, 0, 1):
+        assert runner(job, part, sessions, leases).run() == Outcome.DONE
+        assert built(job, job.filter()) is shared
+    with engine.connect() as conn:
+        bounds = {p: (lo, hi) for p, lo, hi in conn.execute(
+            select(WORK.c.part, WORK.c.lo, WORK.c.hi))}
+    assert sorted(seen) == [0, 1, 2]
+    for part, ids in seen.items():
+        lo, hi = bounds[part]
+        assert ids == [i for i in range(1, 2501) if lo <= i <= hi], part
+    assert counts(engine) == {1: 2500}
+    other = CM_DATA.c.status == 0  # the same filter, made anew: a clause of its own
+    assert built(job, other) is not shared and built(job, other).where is other
