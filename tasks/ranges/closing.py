@@ -165,7 +165,7 @@ def close_run(sessions: sessionmaker[Session], job: RangeJob, hold: Hold, *,
     failed) or gets its closing round; paused partitions of a running run (a pause that lost
     a race with resume) go back to pending."""
     result = Closing()
-    run = current_run(sessions, job.name)
+    run = current_run(sessions, job.name, counted=False)  # an end adds the rows up itself
     state = run.state if run is not None else None
     if state not in (None, RunState.RUNNING, RunState.FOLLOWING):
         return result

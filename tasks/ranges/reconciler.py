@@ -194,6 +194,8 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
         stored = StoredPlan(*plan) if plan[2] is not None else None
         missing = _missing(session, job, stored)
     step("read")
+    if not missing:  # nothing to write (the round's later writes check its term)
+        return True
     with sessions.begin() as session:
         if not _hold(session, schedule_name(job.name), term):
             return False

@@ -115,24 +115,29 @@ def run_counts(session: Session, job: str) -> tuple[int, int]:
     return int(done), int(skipped)
 
 
-def _run(session: Session, row: Any, counts: tuple[int, int] | None = None) -> Run:
+def _run(session: Session, row: Any, counts: tuple[int, int] | None = None,
+         counted: bool = True) -> Run:
     """The run of `row`; a live run's rows from its partitions (`counts`: their rows done and
-    skipped, already added up; None: add them up now)."""
+    skipped, already added up; None: add them up now, unless not `counted`: then 0)."""
     rows, skipped = row.rows, row.skipped
     if row.state in RunState.LIVE:
-        done, skipped = counts if counts is not None else run_counts(session, row.job)
+        done, skipped = (counts if counts is not None
+                         else run_counts(session, row.job) if counted else (row.rows_base, 0))
         rows = done - row.rows_base
     return Run(row.id, row.job, row.state, row.started_at, row.finished_at, max(int(rows), 0),
                row.rows_per_s, row.rows_base, row.params, row.number, row.started_by,
                max(int(skipped or 0), 0))
 
 
-def current_run(sessions: sessionmaker[Session], job: str) -> Run | None:
-    """The job's latest run (state, rows, started_at...), or None if it never ran."""
+def current_run(sessions: sessionmaker[Session], job: str, *,
+                counted: bool = True) -> Run | None:
+    """The job's latest run (state, rows, started_at...), or None if it never ran. Not
+    `counted`: a live run's rows and skips are left at 0, not added up over its partitions
+    (a reconcile round wants the state; the sum costs it a read of every partition)."""
     with sessions() as session:
         row = session.execute(select(RANGE_RUNS).where(RANGE_RUNS.c.job == job)
                               .order_by(RANGE_RUNS.c.id.desc()).limit(1)).first()
-        return _run(session, row) if row is not None else None
+        return _run(session, row, counted=counted) if row is not None else None
 
 
 def current_runs(sessions: sessionmaker[Session],
@@ -301,7 +306,7 @@ def enforce(sessions: sessionmaker[Session], client: Any, job: str) -> str | Non
     """A reconcile round's first step: the job's run state (None: no run recorded), copied
     to Redis; a paused or cancelled job's dead holders' partitions are parked, and a
     cancelled job with nothing running any more stops being reconciled."""
-    run = current_run(sessions, job)
+    run = current_run(sessions, job, counted=False)
     write_flags(client, run)
     if run is None or run.state not in (RunState.PAUSED, RunState.CANCELLED):
         return run.state if run is not None else None
