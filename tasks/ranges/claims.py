@@ -16,8 +16,10 @@ Per database (two claimers never get the same partition):
                 a LIMIT ... FOR UPDATE subquery more than once and reserve more than n;
                 MariaDB takes no LIMIT in an IN subquery.)
     SQLite      one writer at a time (the transaction takes the write lock up front): one
-                statement, UPDATE ... WHERE id IN (SELECT ... ORDER BY part LIMIT n) AND
-                <still pending, not reserved> RETURNING part
+                statement, UPDATE ... WHERE id IN (SELECT ... ORDER BY part LIMIT n)
+                RETURNING part. The rows the subquery picks are free when the UPDATE writes
+                them (nobody else writes meanwhile); with the free test repeated outside,
+                SQLite would walk every pending row by the index and test it against the list
 
 Cost: an index range of the job's pending partitions in partition order
 (`ix_work_items_job_status_part`), stopping after `n` unreserved ones; never a read or a sort
@@ -48,7 +50,7 @@ _CHOOSE = (select(WORK.c.id, WORK.c.part).where(_FREE).order_by(WORK.c.part)
 _RESERVE = (update(WORK).where(WORK.c.id.in_(bindparam("ids", expanding=True)), _FREE)
             .values(dispatched_at=bindparam("reserved_at")))
 _PICK = select(WORK.c.id).where(_FREE).order_by(WORK.c.part).limit(bindparam("n", type_=Integer))
-_TAKE = (update(WORK).where(WORK.c.id.in_(_PICK), _FREE)
+_TAKE = (update(WORK).where(WORK.c.id.in_(_PICK))
          .values(dispatched_at=bindparam("reserved_at")).returning(WORK.c.part))
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import redis
 from sqlalchemy import Engine, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease import Leases
+from tasks.ranges import claims
 from tasks.ranges.claims import claim_pending
 from tasks.ranges.keys import range_orphans_key
 from tasks.ranges.pull import Pull
@@ -18,6 +20,7 @@ from tasks.ranges.runner import Outcome, PartitionRunner
 from tasks.ranges.tables import WORK
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.workrow import RANGE_KIND
+from tasks.store.db import utcnow
 from tests.ranges.test_adopt import orphan, planned
 from tests.ranges.test_runner import counts, runner
 
@@ -106,3 +109,24 @@ def test_a_runner_loop_hands_on_at_the_end_of_its_slice(
     pulled = Pull(job, sessions, redis_client, run_one=run_one, hold=60, budget=0,
                   shutdown=threading.Event(), keep_going=lambda: True).drive(None)
     assert pulled.more and not pulled.runs and pulled.handed_back is None
+
+
+def test_a_claim_on_sqlite_walks_no_pending_row_it_does_not_take(engine: Engine) -> None:
+    """At 100,000 partitions a claim that repeated the free test outside its subquery made
+    SQLite walk every pending row by the index and test it against the subquery's list: the
+    claim's UPDATE must find its rows by primary key, and the subquery by the index in
+    partition order (no sort)."""
+    if engine.dialect.name != "sqlite":
+        pytest.skip("the one-statement claim is SQLite's")
+    compiled = claims._TAKE.compile(dialect=engine.dialect)
+    now = utcnow().isoformat(" ")
+    values = compiled.construct_params(
+        {"claim_job": "cm_data", "cutoff": now, "reserved_at": now, "n": 1})
+    assert compiled.positiontup is not None
+    with engine.connect() as conn:
+        steps = [r[3] for r in conn.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {compiled}",
+            tuple(values[name] for name in compiled.positiontup)).all()]
+    assert steps[0] == "SEARCH work_items USING INTEGER PRIMARY KEY (rowid=?)", steps
+    assert any("USING INDEX ix_work_items_job_status_part" in s for s in steps), steps
+    assert not any("TEMP B-TREE" in s for s in steps), steps  # no sort of the pending rows
