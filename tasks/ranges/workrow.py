@@ -107,6 +107,9 @@ _CHECKPOINT_VALUES: dict[str, Any] = {
 _CHECKPOINT = update(WORK).where(_HELD).values(**_CHECKPOINT_VALUES)
 _CHECKPOINT_KEYED = update(WORK).where(_HELD).values(**_CHECKPOINT_VALUES,
                                                       next_key=bindparam("key"))
+_MOVE_ON = update(WORK).where(_HELD).values(next_id=bindparam("checkpoint"),
+                                             rows_done=WORK.c.rows_done + bindparam("batch_rows"))
+_MOVE_ON_KEYED = _MOVE_ON.values(next_key=bindparam("key"))
 _FINISH = update(WORK).where(_HELD).values(
     status=case((WORK.c.rows_done > 0, S.DONE), else_=S.EMPTY), owner=None,
     next_id=bindparam("scanned"), finished_at=bindparam("now"), heartbeat_at=bindparam("now"),
@@ -179,9 +182,12 @@ class WorkRow:
         """The checkpoint moves on to `checkpoint` (a keyed job's cursor to `key`) past `rows`
         more rows read in the same batch (its later `fetch_size` reads). `FencedOut` if a
         newer holder owns the row."""
-        keyed: dict[str, Any] = {"next_key": key} if self.job.keyed else {}
-        moved = affected(conn.execute(self.guard(fence).values(
-            next_id=checkpoint, rows_done=WORK.c.rows_done + rows, **keyed)))
+        values: dict[str, Any] = {**self._row, "mine": fence, "checkpoint": checkpoint,
+                                  "batch_rows": rows}
+        statement = _MOVE_ON
+        if self.job.keyed:
+            values["key"], statement = key, _MOVE_ON_KEYED
+        moved = affected(conn.execute(statement, values))
         if moved != 1:
             raise FencedOut()
 
