@@ -56,6 +56,7 @@ def compose_commands() -> dict[str, list[str]]:
             if "command" in svc and name not in ("redis", "postgres")}
 
 
+@pytest.mark.timeout(300)  # a real interpreter per command: slow on a busy machine
 def test_every_command_is_a_real_entry_point_of_this_project() -> None:
     commands = [entry_argv(cmd) for cmd in procfile().values()]
     commands += list(compose_commands().values())
