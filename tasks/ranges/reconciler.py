@@ -41,7 +41,7 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
@@ -61,8 +61,8 @@ from tasks.ranges.visits import mark_planned, plan_once, unplanned_run
 from tasks.ranges.workrow import RANGE_KIND, partitions_of
 from tasks.store.db import affected, utcnow
 
-__all__ = ["Round", "Runners", "schedule_name", "activate", "activate_in", "reconcile_job",
-           "active_jobs", "repair_inactive", "due_now"]
+__all__ = ["Round", "Runners", "Shared", "schedule_name", "activate", "activate_in",
+           "reconcile_job", "active_jobs", "repair_inactive", "due_now"]
 
 log = logging.getLogger("tasks.ranges")
 
@@ -72,6 +72,8 @@ Dispatch = Callable[[str, int], None]
 Spawn = Callable[[str, str], None]
 # A test seam: called with the name of each step of a round ("won", "read") as it passes it.
 Seam = Callable[[str], None]
+# Tables' id bounds by (table, id column): `Shared.bounds`.
+Bounds = dict[tuple[str, str], tuple[Any, Any]]
 
 
 @dataclass
@@ -92,6 +94,40 @@ class Round:
     runners: int = 0  # runner messages sent (pull-based dispatch)
 
 
+@dataclass
+class Shared:
+    """What the rounds of one reconcile (every active job's, one after another) read once.
+
+    - Each table's id bounds, by (table, id column), as the first job over it read them. A
+      bound read a moment before another job's round only plans that job's newest ids a
+      round later; the closing read finds rows beyond every partition whatever the bounds
+      said.
+    - The schedule rows (term, next_run_at) of the jobs `names`, in one read. A row read a
+      moment early only loses its compare-and-set (another round won the term meanwhile: this
+      one does nothing) or skips a round that became due meanwhile until the next reconcile.
+    """
+
+    names: list[str]
+    bounds: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)
+    schedules: dict[str, Any] | None = None
+
+    def schedule(self, sessions: sessionmaker[Session], name: str) -> Any:
+        """Schedule row `name`'s term and next_run_at (None: no such row)."""
+        wanted = [schedule_name(job) for job in self.names]
+        if name not in wanted:  # a round of a job outside the reconcile: its own read
+            with sessions() as session:
+                return session.execute(_SCHEDULES, {"names": [name]}).first()
+        if self.schedules is None:
+            with sessions() as session:
+                self.schedules = {row.name: row for row in session.execute(
+                    _SCHEDULES, {"names": wanted})}
+        return self.schedules.get(name)
+
+
+_SCHEDULES = select(SCHEDULES.c.name, SCHEDULES.c.term, SCHEDULES.c.next_run_at).where(
+    SCHEDULES.c.name.in_(bindparam("names", expanding=True)))
+
+
 @dataclass(frozen=True)
 class Runners:
     """Pull-based dispatch: the job's outstanding runner messages and how to send one."""
@@ -100,12 +136,11 @@ class Runners:
     spawn: Spawn
 
 
-def _win_round(sessions: sessionmaker[Session], name: str, interval: float) -> int | None:
+def _win_round(sessions: sessionmaker[Session], name: str, interval: float,
+               shared: Shared | None = None) -> int | None:
     """The term compare-and-set: the new term if the round was due and nobody took it first."""
     now = utcnow()
-    with sessions() as session:
-        row = session.execute(select(SCHEDULES.c.term, SCHEDULES.c.next_run_at)
-                              .where(SCHEDULES.c.name == name)).first()
+    row = (shared or Shared([])).schedule(sessions, name)
     if row is None or row.next_run_at > now:
         return None
     with sessions.begin() as session:
@@ -135,6 +170,7 @@ def reconcile_job(
     settle: float = 60.0,
     seam: Seam | None = None,
     runners: Runners | None = None,
+    shared: Shared | None = None,
 ) -> Round:
     """One reconcile round for `job`: plan, dispatch unleased partitions, and once every
     partition finished, the closing round (`tasks.ranges.closing`).
@@ -143,18 +179,20 @@ def reconcile_job(
     only), nobody holds its lease, and it was not dispatched within `grace` seconds (a queued
     message may still be on its way). With `runners`, runner messages top the job's
     outstanding ones up to their bound while pending partitions exist. A followed job's
-    closing read repeats every `settle` seconds.
+    closing read repeats every `settle` seconds. `shared`: what the rounds of several jobs
+    read once (`Shared`)
     """
     state = enforce(sessions, client, job.name)
     if state in (RunState.PAUSED, RunState.CANCELLED, RunState.SUCCEEDED, RunState.FAILED):
         return Round(job.name, ran=False, held=state)
-    term = _win_round(sessions, schedule_name(job.name), interval)
+    term = _win_round(sessions, schedule_name(job.name), interval, shared)
     if term is None:
         return Round(job.name, ran=False)
     step = seam or (lambda _step: None)
     step("won")
     result = Round(job.name, ran=True)
-    if not _plan(sessions, job, term, result, step):
+    bounds = shared.bounds if shared is not None else None
+    if not _plan(sessions, job, term, result, step, bounds):
         return _overtaken(result)
     # The closing round before dispatching: the partitions it reopens go out at once.
     closing = close_run(sessions, job, lambda s: _hold(s, schedule_name(job.name), term),
@@ -182,7 +220,7 @@ def _log(result: Round) -> None:
 
 
 def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Round,
-          step: Seam) -> bool:
+          step: Seam, bounds: Bounds | None = None) -> bool:
     """Add the partitions the table needs; False if the round was overtaken (then it wrote
     nothing)."""
     if job.visits_once:
@@ -192,7 +230,7 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
                                       func.max(WORK.c.part)).where(
             partitions_of(job.name))).one()
         stored = StoredPlan(*plan) if plan[2] is not None else None
-        missing = _missing(session, job, stored)
+        missing = _missing(session, job, stored, bounds)
     step("read")
     if not missing:  # nothing to write (the round's later writes check its term)
         return True
@@ -204,8 +242,15 @@ def _plan(sessions: sessionmaker[Session], job: RangeJob, term: int, result: Rou
     return True
 
 
-def _bounds(session: Session, job: RangeJob, run: int | None = None) -> tuple[Any, Any]:
-    """The lowest and highest id of the job's table (of run `run`'s input, for a CSV job)."""
+def _bounds(session: Session, job: RangeJob, run: int | None = None,
+            shared: Bounds | None = None) -> tuple[Any, Any]:
+    """The lowest and highest id of the job's table (of run `run`'s input, for a CSV job);
+    a whole table's, from `shared` when another job's round of this reconcile read them."""
+    key = (job.id_col.table.fullname, job.id_col.key) if job.run_scope(run) is None else None
+    if shared is not None and key is not None:
+        if key not in shared:
+            shared[key] = _bounds(session, job, run)
+        return shared[key]
     # Two scalar subqueries, not min() and max() in one select: SQLite answers a lone
     # min() or max() from the index but scans the table for both together (60 ms at
     # 1,000,000 rows). Still one statement, so one snapshot.
@@ -256,14 +301,15 @@ def _plan_once(sessions: sessionmaker[Session], job: RangeJob, term: int, result
     return True
 
 
-def _missing(session: Session, job: RangeJob, stored: StoredPlan | None) -> list[Partition]:
+def _missing(session: Session, job: RangeJob, stored: StoredPlan | None,
+             bounds: Bounds | None = None) -> list[Partition]:
     """The partitions to add: a first plan cut by rows (tasks.ranges.cuts), none for a keyed
     plan (it covers every key), else id-span partitions for ids beyond the stored plan."""
     if job.by_rows and stored is None:
         return plan_first_by_rows(session, job)
     if job.keyed:
         return []
-    lo, hi = _bounds(session, job)
+    lo, hi = _bounds(session, job, shared=bounds)
     return plan_after(stored, lo, hi, job.partition_size)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from celery import Task
 from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
 from tasks.celery import app, settings
 from tasks.ranges.closing import nothing_open
@@ -36,6 +37,7 @@ from tasks.ranges.pull import Pull, Pulled
 from tasks.ranges.reconciler import (
     Round,
     Runners,
+    Shared,
     active_jobs,
     due_now,
     reconcile_job,
@@ -45,6 +47,7 @@ from tasks.ranges.runner import Outcome, PartitionRunner, Progress
 from tasks.ranges.runners import RunnerSlots, new_token, validate_token
 from tasks.ranges.settings import range_settings
 from tasks.ranges.timetable import tick
+from tasks.store.db import one_connection
 from tasks.store.resources import resources_for
 from tasks.store.validate import InvalidArguments
 from tasks.worker.controlplane import ROUND
@@ -86,13 +89,14 @@ def _slots(job: str) -> RunnerSlots:
                        wait=ranges.runner_wait, alive=3 * settings.lease_ttl)
 
 
-def _round(job_name: str) -> Round:
+def _round(job_name: str, sessions: sessionmaker[Session] | None = None,
+           shared: Shared | None = None) -> Round:
     res = resources_for(settings)
     return reconcile_job(
-        res.sessions, res.redis, get_job(job_name), _dispatch,
+        sessions or res.sessions, res.redis, get_job(job_name), _dispatch,
         interval=settings.reconcile_interval, grace=_grace(),
         settle=range_settings(settings).settle,
-        runners=Runners(_slots(job_name), _spawn),
+        runners=Runners(_slots(job_name), _spawn), shared=shared,
     )
 
 
@@ -186,11 +190,13 @@ def reconcile() -> list[dict[str, Any]]:
     the hooks of runs that ended are sent (`tasks.ranges.outbox`)."""
     jobs = registered_jobs()
     known = {job.name for job in jobs}
-    sessions = resources_for(settings).sessions
-    repair_inactive(sessions, jobs)
-    names = [name for name in active_jobs(sessions) if name in known]
-    rounds = [_report(_round(name)) for name in names]
-    deliver(sessions, _send_hook, range_settings(settings).hook_resend, _declared)
+    # One connection for every job's round: a round opens several sessions a job.
+    with one_connection(resources_for(settings).sessions) as sessions:
+        repair_inactive(sessions, jobs)
+        names = [name for name in active_jobs(sessions) if name in known]
+        shared = Shared(names)  # what every job's round would read alike, read once
+        rounds = [_report(_round(name, sessions, shared)) for name in names]
+        deliver(sessions, _send_hook, range_settings(settings).hook_resend, _declared)
     return rounds
 
 
