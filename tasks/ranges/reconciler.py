@@ -41,7 +41,7 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from lease.keys import lease_key
@@ -59,7 +59,7 @@ from tasks.ranges.tables import SCHEDULES, WORK, RunState
 from tasks.ranges.tables import PartitionStatus as S
 from tasks.ranges.visits import mark_planned, plan_once, unplanned_run
 from tasks.ranges.workrow import RANGE_KIND, partitions_of
-from tasks.store.db import affected, utcnow
+from tasks.store.db import affected, insert_many, utcnow
 
 __all__ = ["Round", "Runners", "Shared", "schedule_name", "activate", "activate_in",
            "reconcile_job", "active_jobs", "repair_inactive", "due_now"]
@@ -270,7 +270,7 @@ def _insert(session: Session, job: RangeJob, parts: list[Partition]) -> None:
     floor = session.execute(select(SCHEDULES.c.fence_floor).where(
         SCHEDULES.c.name == schedule_name(job.name))).scalar() or 0
     key = job.keyset  # a keyed job's bounds and cursor (tasks.ranges.jobkeys)
-    session.execute(insert(WORK), [
+    insert_many(session, WORK, [
         {"kind": RANGE_KIND, "job": job.name, "part": p.part, "lo": p.lo, "hi": p.hi,
          "next_id": p.lo, "fence": floor, "status": S.PENDING, "claims": 0,
          "rows_done": 0, "rate": 0.0, "crashes": 0, "lo_key": key.encode(p.lo_key),

@@ -91,9 +91,14 @@ def _slots(job: str) -> RunnerSlots:
 
 def _round(job_name: str, sessions: sessionmaker[Session] | None = None,
            shared: Shared | None = None) -> Round:
+    """`job_name`'s round on `sessions`; alone (a control's kick), on a connection of its
+    own for the whole round."""
     res = resources_for(settings)
+    if sessions is None:
+        with one_connection(res.sessions) as own:
+            return _round(job_name, own, shared)
     return reconcile_job(
-        sessions or res.sessions, res.redis, get_job(job_name), _dispatch,
+        sessions, res.redis, get_job(job_name), _dispatch,
         interval=settings.reconcile_interval, grace=_grace(),
         settle=range_settings(settings).settle,
         runners=Runners(_slots(job_name), _spawn), shared=shared,

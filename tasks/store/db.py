@@ -11,12 +11,12 @@ from typing import Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from sqlalchemy import CursorResult, Engine, Result
+from sqlalchemy import CursorResult, Engine, Result, Table, insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["utcnow", "affected", "WRITE_INTENT", "is_transient", "is_redis_away",
-           "one_connection", "pooled", "NestedSession"]
+           "one_connection", "pooled", "NestedSession", "insert_many"]
 
 
 def utcnow() -> datetime:
@@ -104,3 +104,32 @@ def pooled(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
     if isinstance(sessions, _Shared):
         return sessionmaker(**{**sessions.kw, "bind": sessions.kw["bind"].engine})
     return sessions
+
+
+def insert_many(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
+    """Insert `rows` (dicts with the same keys) into `table` in the session's transaction.
+
+    On PostgreSQL through psycopg 3 they go by `COPY ... FROM STDIN`: a plan of 100,000
+    partitions is 100,000 rows, and an INSERT of many VALUES costs SQLAlchemy and the server
+    several times as much. Columns left out get their scalar default, as an INSERT gives
+    them; the table's name comes from code, never from input."""
+    if not rows:
+        return
+    conn = session.connection()
+    if conn.dialect.name != "postgresql" or conn.dialect.driver != "psycopg":
+        session.execute(insert(table), rows)
+        return
+    from psycopg import sql  # imported here: only a PostgreSQL worker needs it
+
+    given = list(rows[0])
+    defaults = {c.name: getattr(c.default, "arg", None) for c in table.c if c.name not in given
+                and c.default is not None and getattr(c.default, "is_scalar", False)}
+    names = [*given, *defaults]
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(table.name), sql.SQL(", ").join(map(sql.Identifier, names)))
+    tail = list(defaults.values())
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    with raw.cursor() as cursor, cursor.copy(statement) as copy:
+        for row in rows:
+            copy.write_row([*(row[name] for name in given), *tail])

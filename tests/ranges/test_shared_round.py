@@ -5,7 +5,7 @@ On all three databases: sessions of one connection commit their writes, roll bac
 failures and refuse to nest; PostgreSQL and MariaDB check the connection out once for
 all of them (SQLite keeps one per session); rounds of several jobs read a table's bounds
 and the schedule rows once, and a row above the bounds they read is planned by the next
-reconcile."""
+reconcile; a plan's rows inserted at once (COPY on PostgreSQL) as an INSERT stores them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from examples.seed import seed_cm_data
 from tasks.ranges.reconciler import Shared, activate, reconcile_job
 from tasks.ranges.tables import SCHEDULES, WORK
-from tasks.store.db import NestedSession, one_connection, pooled, utcnow
+from tasks.store.db import NestedSession, insert_many, one_connection, pooled, utcnow
 from tests.ranges.test_closing import start
 from tests.ranges.test_guarantees import add_row
 from tests.ranges.test_runner import small
@@ -117,3 +117,24 @@ def test_rounds_of_several_jobs_read_the_bounds_and_the_schedules_once(
     assert reconcile() == [1, 1]  # its partition, for each job
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(WORK)).scalar() == 6
+
+
+def test_many_rows_inserted_at_once_get_the_defaults_an_insert_gives(engine: Engine) -> None:
+    """`insert_many` (COPY on PostgreSQL): the rows as given, the columns left out at their
+    defaults, a text with a tab, a newline and a backslash kept as it is, in the caller's
+    transaction (rolled back with it)."""
+    rows = [{"kind": "range", "job": "copied", "part": p, "lo": p * 10, "hi": p * 10 + 9,
+             "next_id": p * 10, "status": "pending", "error": None if p else "a\tb\nc\\d"}
+            for p in range(3)]
+    with pytest.raises(ZeroDivisionError), Session(engine) as session, session.begin():
+        insert_many(session, WORK, rows)
+        raise ZeroDivisionError
+    with Session(engine) as session, session.begin():
+        insert_many(session, WORK, rows)
+        insert_many(session, WORK, [])
+    with engine.connect() as conn:
+        found = conn.execute(select(WORK).order_by(WORK.c.part)).all()
+    assert [(r.part, r.lo, r.hi, r.next_id, r.error) for r in found] == [
+        (0, 0, 9, 0, "a\tb\nc\\d"), (1, 10, 19, 10, None), (2, 20, 29, 20, None)]
+    assert {(r.fence, r.claims, r.rows_done, r.rate, r.crashes, r.rows_skipped, r.owner)
+            for r in found} == {(0, 0, 0, 0.0, 0, 0, None)}
