@@ -119,14 +119,12 @@ def insert_many(session: Session, table: Table, rows: list[dict[str, Any]]) -> N
     if conn.dialect.name != "postgresql" or conn.dialect.driver != "psycopg":
         session.execute(insert(table), rows)
         return
-    from psycopg import sql  # imported here: only a PostgreSQL worker needs it
-
     given = list(rows[0])
     defaults = {c.name: getattr(c.default, "arg", None) for c in table.c if c.name not in given
                 and c.default is not None and getattr(c.default, "is_scalar", False)}
-    names = [*given, *defaults]
-    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(table.name), sql.SQL(", ").join(map(sql.Identifier, names)))
+    quote = conn.dialect.identifier_preparer.quote
+    statement = (f"COPY {quote(table.name)} ({', '.join(map(quote, [*given, *defaults]))}) "
+                 "FROM STDIN")
     tail = list(defaults.values())
     raw = conn.connection.driver_connection
     assert raw is not None
